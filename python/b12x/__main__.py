@@ -1,0 +1,3 @@
+from b12x.cli import main
+
+raise SystemExit(main())

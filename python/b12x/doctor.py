@@ -1,0 +1,85 @@
+"""``b12x doctor``: what b12x sees on this machine. Always exits 0."""
+
+from __future__ import annotations
+
+import platform
+import sys
+
+from b12x import _core
+
+
+def _line(key: str, value: object) -> None:
+    print(f"  {key:<22} {value}")
+
+
+def report() -> dict:
+    """Everything doctor prints, as a dict (also used by benchmark metadata)."""
+    info: dict = {"b12x": _core.__version__, "python": platform.python_version()}
+    info["build"] = _core.build_info()
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_cuda"] = torch.version.cuda
+    except ImportError:
+        info["torch"] = None
+    info["driver_present"] = _core.driver_present()
+    info["gpus"] = []
+    if not info["driver_present"]:
+        return info
+    try:
+        info["driver_cuda"] = "{}.{}".format(*_core.driver_version())
+        count = _core.device_count()
+    except Exception as e:  # a broken driver install is a finding, not a crash
+        info["driver_error"] = str(e)
+        return info
+    for i in range(count):
+        gpu = dict(_core.device_info(i))
+        try:
+            _core.load_kernels(i)
+            gpu["ptx_load"] = "ok"
+        except Exception as e:
+            gpu["ptx_load"] = f"FAILED: {e}"
+        info["gpus"].append(gpu)
+    info["peer_access"] = [
+        [None if a == b else _core.can_access_peer(a, b) for b in range(count)]
+        for a in range(count)
+    ]
+    return info
+
+
+def run_doctor() -> int:
+    info = report()
+    build = info["build"]
+    print("b12x doctor")
+    _line("b12x", info["b12x"])
+    _line("python", f"{info['python']} ({sys.executable})")
+    _line("torch", f"{info.get('torch')} (CUDA {info.get('torch_cuda')})")
+    _line(
+        "embedded PTX",
+        f"ISA {build['ptx_isa']} for {build['ptx_target']}, needs driver >= {build['min_driver']}",
+    )
+    _line("PTX modules", ", ".join(name for name, _ in build["modules"]))
+    _line("bindings", build["cudarc_bindings"])
+    if not info["driver_present"]:
+        _line("driver", "not found (libcuda.so): CPU paths only")
+        return 0
+    if "driver_error" in info:
+        _line("driver", f"error: {info['driver_error']}")
+        return 0
+    _line("driver CUDA version", info["driver_cuda"])
+    _line("GPUs", len(info["gpus"]))
+    for gpu in info["gpus"]:
+        cc = "{}.{}".format(*gpu["compute_capability"])
+        print(
+            f"    cuda:{gpu['ordinal']}  {gpu['name']}  sm {cc}  {gpu['multiprocessors']} SMs  "
+            f"{gpu['total_memory'] / 2**30:.0f} GiB  L2 {gpu['l2_bytes'] >> 20} MiB  "
+            f"PTX load: {gpu['ptx_load']}"
+        )
+    peers = info.get("peer_access") or []
+    if len(peers) > 1:
+        print("  peer access (row can map column):")
+        for a, row in enumerate(peers):
+            cells = " ".join("  -" if v is None else ("yes" if v else " no") for v in row)
+            print(f"    cuda:{a}  {cells}")
+    return 0

@@ -1,0 +1,12 @@
+//! b12x-core: the pure host-side logic of b12x.
+//!
+//! Nothing here touches CUDA or Python, so `cargo test -p b12x-core` runs on
+//! any machine. The CUDA crate launches what this crate plans; the Python
+//! crate converts Python objects into the plain values this crate checks.
+
+pub mod error;
+pub mod tensor;
+pub mod validate;
+
+pub use error::{Error, Result};
+pub use tensor::{DType, Device, Dims, TensorMeta, MAX_RANK};

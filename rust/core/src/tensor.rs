@@ -1,0 +1,284 @@
+//! Tensor metadata as plain values: what b12x needs to know about a tensor
+//! to validate it and to hand its address to a kernel.
+
+use std::fmt;
+
+use arrayvec::ArrayVec;
+
+/// Highest rank b12x accepts; every operand of every op is rank <= 4, so 8
+/// leaves room while keeping `TensorMeta` free of heap allocation.
+pub const MAX_RANK: usize = 8;
+
+/// Shape or strides, stored inline.
+pub type Dims = ArrayVec<i64, MAX_RANK>;
+
+/// Element types b12x can name. Only some are accepted by any one op; the
+/// others exist so that an error can say what it got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DType {
+    F8E4M3,
+    F8E5M2,
+    BF16,
+    F16,
+    F32,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    Bool,
+    /// Anything else, by DLPack (code, bits).
+    Other {
+        code: u8,
+        bits: u8,
+    },
+}
+
+impl DType {
+    pub const fn itemsize(self) -> u64 {
+        match self {
+            DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::BF16 | DType::F16 | DType::I16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::Other { bits, .. } => (bits as u64).div_ceil(8),
+        }
+    }
+
+    /// The name torch uses (`torch.<name>`), so messages read naturally to torch users.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F8E4M3 => "float8_e4m3fn",
+            DType::F8E5M2 => "float8_e5m2",
+            DType::BF16 => "bfloat16",
+            DType::F16 => "float16",
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::Bool => "bool",
+            DType::Other { .. } => "unsupported",
+        }
+    }
+
+    /// Maps a DLPack data type (code, bits, lanes) to a dtype.
+    /// Codes from dlpack.h v1.1: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool,
+    /// 10 float8_e4m3fn, 12 float8_e5m2.
+    pub fn from_dlpack(code: u8, bits: u8, lanes: u16) -> DType {
+        if lanes != 1 {
+            return DType::Other { code, bits };
+        }
+        match (code, bits) {
+            (0, 8) => DType::I8,
+            (0, 16) => DType::I16,
+            (0, 32) => DType::I32,
+            (0, 64) => DType::I64,
+            (1, 8) => DType::U8,
+            (2, 16) => DType::F16,
+            (2, 32) => DType::F32,
+            (2, 64) => DType::F64,
+            (4, 16) => DType::BF16,
+            (6, 8) => DType::Bool,
+            (10, 8) => DType::F8E4M3,
+            (12, 8) => DType::F8E5M2,
+            _ => DType::Other { code, bits },
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DType::Other { code, bits } => write!(f, "dlpack(code={code}, bits={bits})"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+    Cuda(u32),
+    /// A device b12x cannot use, by DLPack device type.
+    Other(i32),
+}
+
+impl Device {
+    pub const fn is_cuda(self) -> bool {
+        matches!(self, Device::Cuda(_))
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(i) => write!(f, "cuda:{i}"),
+            Device::Other(t) => write!(f, "dlpack-device-type-{t}"),
+        }
+    }
+}
+
+/// What b12x reads off a tensor. Strides are in elements, like torch's.
+/// `data_ptr` is the address of element 0 (torch's `data_ptr()`);
+/// `byte_offset` is kept separately only for producers (DLPack) that report
+/// a base pointer plus offset, and `address()` combines the two.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorMeta {
+    pub dtype: DType,
+    pub device: Device,
+    pub shape: Dims,
+    pub strides: Dims,
+    pub data_ptr: u64,
+    pub byte_offset: u64,
+}
+
+impl TensorMeta {
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    /// Address of element 0, wrapping never: an overflow here means the
+    /// producer handed over garbage, so it saturates and fails alignment checks.
+    pub fn address(&self) -> u64 {
+        self.data_ptr.saturating_add(self.byte_offset)
+    }
+
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().map(|&d| d.max(0) as u64).product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shape.contains(&0)
+    }
+
+    /// Row-major contiguous strides for `shape`.
+    pub fn contiguous_strides(shape: &[i64]) -> Dims {
+        let mut strides = Dims::new();
+        let mut acc = 1i64;
+        for &d in shape.iter().rev() {
+            strides.push(acc);
+            acc = acc.saturating_mul(d.max(1));
+        }
+        strides.reverse();
+        strides
+    }
+
+    /// torch's definition: the strides of every dimension of size > 1 equal
+    /// the row-major ones (size-1 dimensions may carry any stride).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1i64;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return d == 0 || self.is_empty();
+            }
+            expected = expected.saturating_mul(d);
+        }
+        true
+    }
+
+    /// Weak contiguity: the elements cover a dense block without overlap,
+    /// in some order of dimensions. Size-1 dimensions are ignored; strides
+    /// must be non-negative; sorted by stride the live dimensions pack
+    /// densely starting at stride 1.
+    pub fn is_weakly_contiguous(&self) -> bool {
+        if self.is_empty() {
+            return true;
+        }
+        let mut live: ArrayVec<(i64, i64), MAX_RANK> = ArrayVec::new();
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            if s < 0 {
+                return false;
+            }
+            if d != 1 {
+                live.push((s, d));
+            }
+        }
+        live.sort_unstable();
+        let mut expected = 1i64;
+        for (s, d) in live {
+            if s != expected {
+                return false;
+            }
+            expected = expected.saturating_mul(d);
+        }
+        true
+    }
+
+    /// Number of bytes spanned from element 0 to one past the last element,
+    /// checked in 64-bit. Negative strides are rejected by the caller first.
+    pub fn byte_extent(&self) -> Option<u64> {
+        if self.is_empty() {
+            return Some(0);
+        }
+        let mut last: u64 = 0;
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            let span = u64::try_from(d - 1).ok()?.checked_mul(u64::try_from(s).ok()?)?;
+            last = last.checked_add(span)?;
+        }
+        last.checked_add(1)?.checked_mul(self.dtype.itemsize())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(dtype: DType, shape: &[i64], strides: &[i64]) -> TensorMeta {
+        TensorMeta {
+            dtype,
+            device: Device::Cpu,
+            shape: shape.iter().copied().collect(),
+            strides: strides.iter().copied().collect(),
+            data_ptr: 0x1000,
+            byte_offset: 0,
+        }
+    }
+
+    #[test]
+    fn contiguous_strides_are_row_major() {
+        assert_eq!(TensorMeta::contiguous_strides(&[2, 3, 4]).as_slice(), &[12, 4, 1]);
+        assert_eq!(TensorMeta::contiguous_strides(&[]).as_slice(), &[] as &[i64]);
+    }
+
+    #[test]
+    fn contiguity_ignores_size_one_strides() {
+        assert!(meta(DType::F32, &[2, 3], &[3, 1]).is_contiguous());
+        assert!(meta(DType::F32, &[1, 3], &[99, 1]).is_contiguous());
+        assert!(!meta(DType::F32, &[2, 3], &[1, 2]).is_contiguous());
+        assert!(!meta(DType::F32, &[2, 3], &[4, 1]).is_contiguous());
+    }
+
+    #[test]
+    fn weak_contiguity_accepts_permutations_only_when_dense() {
+        assert!(meta(DType::F32, &[2, 3], &[1, 2]).is_weakly_contiguous());
+        assert!(!meta(DType::F32, &[2, 3], &[4, 1]).is_weakly_contiguous());
+        assert!(!meta(DType::F32, &[2, 3], &[3, -1]).is_weakly_contiguous());
+        assert!(meta(DType::F32, &[1, 3], &[0, 1]).is_weakly_contiguous());
+        assert!(!meta(DType::F32, &[3, 3], &[0, 1]).is_weakly_contiguous());
+    }
+
+    #[test]
+    fn byte_extent_is_checked() {
+        assert_eq!(meta(DType::BF16, &[2, 3], &[3, 1]).byte_extent(), Some(12));
+        assert_eq!(meta(DType::U8, &[2, 8448], &[10000, 1]).byte_extent(), Some(18448));
+        assert_eq!(meta(DType::U8, &[0, 8448], &[10000, 1]).byte_extent(), Some(0));
+        assert_eq!(meta(DType::F32, &[i64::MAX, 2], &[2, 1]).byte_extent(), None);
+        // page offsets past 2^31 stay exact in 64-bit
+        let big = meta(DType::U8, &[300_000, 8448], &[8448, 1]);
+        assert_eq!(big.byte_extent(), Some(300_000 * 8448));
+    }
+
+    #[test]
+    fn dlpack_codes_map_to_dtypes() {
+        assert_eq!(DType::from_dlpack(10, 8, 1), DType::F8E4M3);
+        assert_eq!(DType::from_dlpack(4, 16, 1), DType::BF16);
+        assert_eq!(DType::from_dlpack(1, 8, 1), DType::U8);
+        assert_eq!(DType::from_dlpack(2, 32, 4), DType::Other { code: 2, bits: 32 });
+    }
+}

@@ -1,0 +1,247 @@
+//! Devices, the primary context and the per-device module store.
+//!
+//! Modules load once per device, in the device's primary context (the
+//! context torch uses), when a plan or prepared object asks for them
+//! ([`ensure_loaded`]). Launches only read the store ([`loaded`]): a missing
+//! entry is an error, never a load, so the driver's JIT cannot land in a hot
+//! call or a graph capture. Failed loads are not cached.
+
+use std::ffi::{c_int, c_void, CString};
+use std::sync::{Mutex, OnceLock};
+
+use cudarc::driver::{result, sys};
+
+use crate::error::{CudaError, DriverContext, ModuleLoadError, Result};
+use crate::ptx::{Kernel, MODULES, PTX_ISA, PTX_TARGET};
+
+/// Device ordinals b12x can address (the store is a fixed array: lookups take no lock).
+pub const MAX_DEVICES: usize = 64;
+
+/// Loaded modules and kernel handles of one device.
+pub struct DeviceModules {
+    pub ordinal: u32,
+    pub context: sys::CUcontext,
+    pub compute_capability: (u32, u32),
+    pub multiprocessors: u32,
+    functions: [sys::CUfunction; Kernel::COUNT],
+}
+
+// SAFETY: CUcontext and CUfunction are driver handles, valid from any thread;
+// the driver API is thread-safe and the store never frees them.
+unsafe impl Send for DeviceModules {}
+unsafe impl Sync for DeviceModules {}
+
+impl DeviceModules {
+    pub fn function(&self, kernel: Kernel) -> sys::CUfunction {
+        self.functions[kernel as usize]
+    }
+}
+
+static STORE: [OnceLock<DeviceModules>; MAX_DEVICES] = [const { OnceLock::new() }; MAX_DEVICES];
+static LOAD_LOCK: Mutex<()> = Mutex::new(());
+
+/// True when libcuda can be loaded; never panics.
+pub fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the library by its usual names.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+fn init() -> Result<()> {
+    if !driver_present() {
+        return Err(CudaError::NoDriver);
+    }
+    static INIT: OnceLock<std::result::Result<(), sys::CUresult>> = OnceLock::new();
+    INIT.get_or_init(|| result::init().map_err(|e| e.0)).map_err(|code| CudaError::Driver {
+        call: "cuInit",
+        device: "the driver".into(),
+        source: cudarc::driver::DriverError(code),
+    })
+}
+
+/// The driver's CUDA version as (major, minor), e.g. (13, 0) for driver 580.
+pub fn driver_version() -> Result<(u32, u32)> {
+    init()?;
+    let mut v: c_int = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDriverGetVersion(&mut v) }
+        .result()
+        .ctx("cuDriverGetVersion", || "the driver".into())?;
+    Ok(((v / 1000) as u32, ((v % 1000) / 10) as u32))
+}
+
+pub fn device_count() -> Result<u32> {
+    init()?;
+    Ok(result::device::get_count().ctx("cuDeviceGetCount", || "the driver".into())? as u32)
+}
+
+fn cu_device(ordinal: u32) -> Result<sys::CUdevice> {
+    let count = device_count()?;
+    if ordinal >= count || ordinal as usize >= MAX_DEVICES {
+        return Err(CudaError::NoSuchDevice { ordinal, count });
+    }
+    result::device::get(ordinal as c_int).ctx("cuDeviceGet", || format!("cuda:{ordinal}"))
+}
+
+fn attribute(dev: sys::CUdevice, ordinal: u32, attr: sys::CUdevice_attribute) -> Result<u32> {
+    // SAFETY: plain attribute query on a valid device handle.
+    let v = unsafe { result::device::get_attribute(dev, attr) }
+        .ctx("cuDeviceGetAttribute", || format!("cuda:{ordinal}"))?;
+    Ok(v as u32)
+}
+
+/// Static properties `doctor` reports and plans depend on.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub compute_capability: (u32, u32),
+    pub multiprocessors: u32,
+    pub total_memory: u64,
+    pub l2_bytes: u32,
+}
+
+pub fn device_info(ordinal: u32) -> Result<DeviceInfo> {
+    use sys::CUdevice_attribute::*;
+    let dev = cu_device(ordinal)?;
+    let at = |a| attribute(dev, ordinal, a);
+    Ok(DeviceInfo {
+        ordinal,
+        name: result::device::get_name(dev).ctx("cuDeviceGetName", || format!("cuda:{ordinal}"))?,
+        compute_capability: (
+            at(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            at(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ),
+        multiprocessors: at(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        // SAFETY: plain query on a valid device handle.
+        total_memory: unsafe { result::device::total_mem(dev) }
+            .ctx("cuDeviceTotalMem", || format!("cuda:{ordinal}"))? as u64,
+        l2_bytes: at(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+    })
+}
+
+/// Whether `from` can map memory of `to` (P2P over NVLink or PCIe).
+pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
+    let a = cu_device(from)?;
+    let b = cu_device(to)?;
+    let mut v: c_int = 0;
+    // SAFETY: writes one int.
+    unsafe { sys::cuDeviceCanAccessPeer(&mut v, a, b) }
+        .result()
+        .ctx("cuDeviceCanAccessPeer", || format!("cuda:{from}->cuda:{to}"))?;
+    Ok(v != 0)
+}
+
+/// Runs `f` with `ctx` current on this thread and restores what was current,
+/// so torch's notion of the current device is left as it was.
+pub(crate) fn with_context<T>(ctx: sys::CUcontext, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let mut prev: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: reads the calling thread's current context.
+    unsafe { sys::cuCtxGetCurrent(&mut prev) }
+        .result()
+        .ctx("cuCtxGetCurrent", || "this thread".into())?;
+    if prev == ctx {
+        return f();
+    }
+    // SAFETY: ctx is a retained primary context, valid for the process lifetime.
+    unsafe { sys::cuCtxSetCurrent(ctx) }
+        .result()
+        .ctx("cuCtxSetCurrent", || "this thread".into())?;
+    let out = f();
+    // SAFETY: restores the previous (possibly null) context.
+    unsafe { sys::cuCtxSetCurrent(prev) }
+        .result()
+        .ctx("cuCtxSetCurrent", || "this thread".into())?;
+    out
+}
+
+/// The loaded modules of `ordinal`, if a plan already loaded them.
+#[inline]
+pub fn loaded(ordinal: u32) -> Result<&'static DeviceModules> {
+    STORE.get(ordinal as usize).and_then(OnceLock::get).ok_or(CudaError::NotLoaded(ordinal))
+}
+
+/// Loads every embedded module on `ordinal` once (in its primary context).
+/// Slow the first time (the driver JIT-compiles PTX for the device); cheap after.
+pub fn ensure_loaded(ordinal: u32) -> Result<&'static DeviceModules> {
+    if let Ok(m) = loaded(ordinal) {
+        return Ok(m);
+    }
+    let _guard = LOAD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    if let Ok(m) = loaded(ordinal) {
+        return Ok(m);
+    }
+    let modules = load_all(ordinal)?;
+    Ok(STORE[ordinal as usize].get_or_init(|| modules))
+}
+
+fn load_all(ordinal: u32) -> Result<DeviceModules> {
+    let info = device_info(ordinal)?;
+    let dev = cu_device(ordinal)?;
+    // SAFETY: retains the primary context (the one torch uses); never released,
+    // because the store lives as long as the process.
+    let context = unsafe { result::primary_ctx::retain(dev) }
+        .ctx("cuDevicePrimaryCtxRetain", || format!("cuda:{ordinal}"))?;
+    let mut functions = [std::ptr::null_mut(); Kernel::COUNT];
+    with_context(context, || {
+        for module in MODULES {
+            let handle = load_module(module.name, module.ptx, &info)?;
+            for &kernel in module.kernels {
+                let name = CString::new(kernel.symbol()).expect("kernel symbols have no NUL");
+                // SAFETY: handle is a freshly loaded module; name is NUL-terminated.
+                functions[kernel as usize] = unsafe { result::module::get_function(handle, name) }
+                    .ctx("cuModuleGetFunction", || {
+                        format!("cuda:{ordinal} ({})", kernel.symbol())
+                    })?;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(DeviceModules {
+        ordinal,
+        context,
+        compute_capability: info.compute_capability,
+        multiprocessors: info.multiprocessors,
+        functions,
+    })
+}
+
+fn load_module(name: &'static str, ptx: &str, info: &DeviceInfo) -> Result<sys::CUmodule> {
+    let image = CString::new(ptx).expect("PTX text has no NUL");
+    const LOG_BYTES: usize = 8192;
+    let mut log = vec![0u8; LOG_BYTES];
+    let mut options = [
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+    ];
+    let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), LOG_BYTES as *mut c_void];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: image is NUL-terminated PTX; the option arrays have matching
+    // length and the log buffer outlives the call.
+    let rc = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            image.as_ptr().cast(),
+            options.len() as u32,
+            options.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    rc.result().map_err(|source| {
+        let text = String::from_utf8_lossy(&log);
+        let text = text.trim_end_matches('\0').trim();
+        CudaError::ModuleLoad(Box::new(ModuleLoadError {
+            module: name,
+            ordinal: info.ordinal,
+            arch: format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1),
+            isa: PTX_ISA,
+            target: PTX_TARGET,
+            driver: driver_version()
+                .map(|(a, b)| format!("{a}.{b}"))
+                .unwrap_or_else(|_| "unknown".into()),
+            log: if text.is_empty() { String::new() } else { format!(" JIT log: {text}") },
+            source,
+        }))
+    })?;
+    Ok(module)
+}

@@ -1,0 +1,71 @@
+//! Launching onto a caller's stream: the one audited unsafe boundary.
+//!
+//! # Safety contract
+//! Callers of [`launch`] guarantee that `params` matches the kernel's PTX
+//! parameter list in count, order and size, that every device pointer in it
+//! is valid for the accesses the kernel makes, and that `stream` is a live
+//! CUstream of the kernel's device (0 = the legacy default stream).
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+
+use crate::device::{loaded, with_context};
+use crate::error::{DriverContext, Result};
+use crate::ptx::Kernel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    pub const fn linear(grid: u32, block: u32) -> Self {
+        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0 }
+    }
+}
+
+/// Kernel argument list: addresses of the argument values, in order.
+#[macro_export]
+macro_rules! kernel_args {
+    ($($arg:expr),* $(,)?) => {
+        [$(std::ptr::addr_of!($arg) as *mut std::ffi::c_void),*]
+    };
+}
+
+/// Enqueues `kernel` on `stream` of device `ordinal`. Never loads, allocates or syncs.
+///
+/// # Safety
+/// See the module's safety contract.
+pub unsafe fn launch(
+    ordinal: u32,
+    kernel: Kernel,
+    config: LaunchConfig,
+    stream: u64,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let modules = loaded(ordinal)?;
+    let f = modules.function(kernel);
+    with_context(modules.context, || {
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                config.grid.0,
+                config.grid.1,
+                config.grid.2,
+                config.block.0,
+                config.block.1,
+                config.block.2,
+                config.shared_bytes,
+                stream as sys::CUstream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .ctx("cuLaunchKernel", || format!("cuda:{ordinal} ({})", kernel.symbol()))
+    })
+}

@@ -1,0 +1,23 @@
+//! b12x-cuda: the device layer.
+//!
+//! * [`ptx`]: the PTX that `kernels/build_ptx.py` generated, embedded at
+//!   compile time, and the table of kernels each module exports.
+//! * [`device`]: per-device module loading in the primary context (the one
+//!   torch uses). Modules load when a plan is made, never in a hot call.
+//! * [`launch`]: the one audited place that launches onto a caller's stream.
+//!
+//! cudarc is used with dynamic loading: nothing here needs libcuda until a
+//! function is called, and [`driver_present`] answers without panicking.
+
+pub mod device;
+pub mod error;
+pub mod launch;
+pub mod ptx;
+pub mod topk_pad;
+
+pub use device::{
+    can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,
+    loaded, DeviceInfo, DeviceModules,
+};
+pub use error::{CudaError, Result};
+pub use ptx::{Kernel, PtxModule, MODULES, PTX_ISA, PTX_TARGET};

@@ -1,0 +1,74 @@
+//! Embedded PTX modules and the kernels they export.
+//!
+//! `kernels/build_ptx.py` writes `ptx/<module>.ptx` from `kernels/<module>.cu`;
+//! add a module here with the `modules!` table and its kernels become
+//! `Kernel` variants, loaded together per device.
+
+/// What the embedded PTX was built for (kept in step with kernels/build_ptx.py).
+pub const PTX_TARGET: &str = "compute_89";
+pub const PTX_ISA: &str = "8.7";
+
+pub struct PtxModule {
+    pub name: &'static str,
+    pub ptx: &'static str,
+    pub kernels: &'static [Kernel],
+}
+
+macro_rules! modules {
+    ($($module:ident => [$($kernel:ident = $symbol:literal),* $(,)?]),* $(,)?) => {
+        /// Every kernel b12x launches, by the symbol its module exports.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(usize)]
+        pub enum Kernel { $($($kernel,)*)* }
+
+        impl Kernel {
+            pub const ALL: &'static [Kernel] = &[$($(Kernel::$kernel,)*)*];
+            pub const COUNT: usize = Kernel::ALL.len();
+
+            pub const fn symbol(self) -> &'static str {
+                match self { $($(Kernel::$kernel => $symbol,)*)* }
+            }
+        }
+
+        pub const MODULES: &[PtxModule] = &[$(PtxModule {
+            name: stringify!($module),
+            ptx: include_str!(concat!("../ptx/", stringify!($module), ".ptx")),
+            kernels: &[$(Kernel::$kernel,)*],
+        },)*];
+    };
+}
+
+modules! {
+    topk_pad => [FillTopkPadding = "b12x_fill_topk_padding"],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every embedded module is PTX ISA 8.7 for sm_89 (the driver >= 570 promise)
+    /// and exports every kernel the table says it does.
+    #[test]
+    fn embedded_ptx_headers_match_the_pinned_target() {
+        for module in MODULES {
+            assert!(
+                module.ptx.contains(&format!("\n.version {PTX_ISA}\n")),
+                "{}: wrong .version",
+                module.name
+            );
+            assert!(module.ptx.contains("\n.target sm_89"), "{}: wrong .target", module.name);
+            for kernel in module.kernels {
+                let entry = format!(".entry {}(", kernel.symbol());
+                assert!(module.ptx.contains(&entry), "{}: no {}", module.name, entry);
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_belongs_to_exactly_one_module() {
+        for kernel in Kernel::ALL {
+            let owners = MODULES.iter().filter(|m| m.kernels.contains(kernel)).count();
+            assert_eq!(owners, 1, "{kernel:?}");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! `b12x._core`: the pyo3 extension. Conversions and exception mapping only;
+//! the logic lives in b12x-core and b12x-cuda.
+
+mod error;
+mod runtime;
+mod tensor;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    runtime::register(m)?;
+    tensor::register(m)?;
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! Driver facts, module loading and the first kernel, for Python.
+
+use b12x_core::validate::Operand;
+use b12x_core::{DType, Device};
+use b12x_cuda::{device, ptx, topk_pad};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::error::PyB12xResult;
+use crate::tensor::extract;
+
+/// Embedded PTX and build facts, for bug reports and `b12x doctor`.
+#[pyfunction]
+fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("version", env!("CARGO_PKG_VERSION"))?;
+    d.set_item("ptx_target", ptx::PTX_TARGET)?;
+    d.set_item("ptx_isa", ptx::PTX_ISA)?;
+    d.set_item("min_driver", "570")?;
+    d.set_item("cudarc_bindings", "CUDA 12.8 driver API (dynamic loading)")?;
+    let modules: Vec<(&str, Vec<&str>)> = ptx::MODULES
+        .iter()
+        .map(|m| (m.name, m.kernels.iter().map(|k| k.symbol()).collect()))
+        .collect();
+    d.set_item("modules", modules)?;
+    d.set_item("debug_build", cfg!(debug_assertions))?;
+    Ok(d)
+}
+
+#[pyfunction]
+fn driver_present() -> bool {
+    device::driver_present()
+}
+
+/// The driver's CUDA version, e.g. (13, 0).
+#[pyfunction]
+fn driver_version() -> PyB12xResult<(u32, u32)> {
+    Ok(device::driver_version()?)
+}
+
+#[pyfunction]
+fn device_count() -> PyB12xResult<u32> {
+    Ok(device::device_count()?)
+}
+
+#[pyfunction]
+fn device_info(py: Python<'_>, ordinal: u32) -> PyB12xResult<Bound<'_, PyDict>> {
+    let info = device::device_info(ordinal)?;
+    let d = PyDict::new(py);
+    d.set_item("ordinal", info.ordinal)?;
+    d.set_item("name", info.name)?;
+    d.set_item("compute_capability", info.compute_capability)?;
+    d.set_item("multiprocessors", info.multiprocessors)?;
+    d.set_item("total_memory", info.total_memory)?;
+    d.set_item("l2_bytes", info.l2_bytes)?;
+    Ok(d)
+}
+
+#[pyfunction]
+fn can_access_peer(from: u32, to: u32) -> PyB12xResult<bool> {
+    Ok(device::can_access_peer(from, to)?)
+}
+
+/// Loads every embedded module on `ordinal` (JIT on first use; the GIL is released).
+#[pyfunction]
+fn load_kernels(py: Python<'_>, ordinal: u32) -> PyB12xResult<()> {
+    py.detach(|| device::ensure_loaded(ordinal).map(|_| ()))?;
+    Ok(())
+}
+
+#[pyfunction]
+fn kernels_loaded(ordinal: u32) -> bool {
+    device::loaded(ordinal).is_ok()
+}
+
+/// Fills int32 `indices` with -1 and float32 `scores` (optional, same shape)
+/// with -inf, on `stream` (a CUstream as int). Kernels must be loaded first.
+#[pyfunction]
+fn fill_topk_padding(
+    indices: &Bound<'_, PyAny>,
+    scores: Option<&Bound<'_, PyAny>>,
+    stream: u64,
+) -> PyB12xResult<()> {
+    const OP: &str = "fill_topk_padding";
+    let idx = extract(indices, OP, "indices")?;
+    let Device::Cuda(ordinal) = idx.device else {
+        return Err(b12x_core::Error::Device {
+            op: OP,
+            operand: "indices".into(),
+            expected: Device::Cuda(0),
+            got: idx.device,
+        }
+        .into());
+    };
+    Operand::new(OP, "indices", &idx).dtype(&[DType::I32])?.contiguous()?.aligned(4)?;
+    let mut scores_ptr = 0u64;
+    if let Some(scores) = scores {
+        let sc = extract(scores, OP, "scores")?;
+        let shape: Vec<Option<i64>> = idx.shape.iter().map(|&d| Some(d)).collect();
+        Operand::new(OP, "scores", &sc)
+            .dtype(&[DType::F32])?
+            .device(idx.device)?
+            .shape(&shape)?
+            .contiguous()?
+            .aligned(4)?;
+        scores_ptr = sc.address();
+    }
+    // SAFETY: both operands were checked to be contiguous 4-byte tensors of
+    // `numel` elements on `ordinal`; the stream comes from the caller (torch).
+    unsafe {
+        topk_pad::fill_topk_padding(ordinal, idx.address(), scores_ptr, idx.numel(), stream)?
+    };
+    Ok(())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(build_info, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_present, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_version, m)?)?;
+    m.add_function(wrap_pyfunction!(device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add_function(wrap_pyfunction!(can_access_peer, m)?)?;
+    m.add_function(wrap_pyfunction!(load_kernels, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels_loaded, m)?)?;
+    m.add_function(wrap_pyfunction!(fill_topk_padding, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,48 @@
+"""`import b12x` and `b12x doctor` work everywhere, GPU or not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import b12x
+from b12x import _core, cuda
+
+
+def test_import_exposes_version_and_build_facts():
+    info = b12x.build_info()
+    assert b12x.__version__ == info["version"]
+    assert info["ptx_isa"] == "8.7"
+    assert info["ptx_target"] == "compute_89"
+    assert ("topk_pad", ["b12x_fill_topk_padding"]) in [tuple(m) for m in info["modules"]]
+
+
+def test_exception_classes_fit_the_builtins():
+    assert issubclass(b12x.ShapeError, ValueError)
+    assert issubclass(b12x.DTypeError, TypeError)
+    assert issubclass(b12x.CudaError, RuntimeError)
+    assert issubclass(b12x.KernelLoadError, b12x.CudaError)
+    assert issubclass(b12x.UndeclaredPlanError, RuntimeError)
+    for cls in (b12x.ShapeError, b12x.CudaError, b12x.UndeclaredPlanError):
+        assert issubclass(cls, b12x.B12xError)
+
+
+def test_doctor_exits_zero_and_reports():
+    out = subprocess.run(
+        [sys.executable, "-m", "b12x", "doctor"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "b12x doctor" in out.stdout
+    assert "ISA 8.7 for compute_89" in out.stdout
+    if not cuda.is_available():
+        assert "CPU paths only" in out.stdout or "GPUs" in out.stdout
+
+
+def test_launch_without_loaded_kernels_is_an_error_not_a_load():
+    if _core.driver_present():
+        return  # covered by the GPU tests
+    import pytest
+    import torch
+
+    with pytest.raises(b12x.DeviceError, match="indices expected device cuda:0, got cpu"):
+        _core.fill_topk_padding(torch.empty(4, dtype=torch.int32), None, 0)

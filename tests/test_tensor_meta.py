@@ -1,0 +1,70 @@
+"""Tensor metadata extraction: torch's fast path and the DLPack path agree."""
+
+from __future__ import annotations
+
+import b12x
+import numpy as np
+import pytest
+import torch
+from b12x import _core
+
+TORCH_DTYPES = {
+    torch.float8_e4m3fn: "float8_e4m3fn",
+    torch.bfloat16: "bfloat16",
+    torch.float16: "float16",
+    torch.float32: "float32",
+    torch.int32: "int32",
+    torch.uint8: "uint8",
+}
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES), ids=list(TORCH_DTYPES.values()))
+def test_torch_path_reads_every_b12x_dtype(dtype):
+    t = torch.empty((3, 5, 7), dtype=dtype)
+    name, device, shape, strides, ptr, offset = _core.tensor_meta(t)
+    assert name == TORCH_DTYPES[dtype]
+    assert device == "cpu"
+    assert shape == [3, 5, 7]
+    assert strides == [35, 7, 1]
+    assert ptr == t.data_ptr()
+    assert offset == 0
+
+
+@pytest.mark.parametrize("dtype", list(TORCH_DTYPES), ids=list(TORCH_DTYPES.values()))
+def test_dlpack_path_matches_torch_path(dtype):
+    base = torch.empty((4, 6, 8), dtype=dtype)
+    view = base[1:, ::2, :]  # an offset, strided view
+    fast = _core.tensor_meta(view)
+    try:
+        slow = _core.tensor_meta_dlpack(view)
+    except (BufferError, RuntimeError, TypeError) as e:  # torch builds without fp8 DLPack
+        pytest.skip(f"torch cannot export {dtype} through DLPack: {e}")
+    name, device, shape, strides, ptr, offset = slow
+    assert (name, device, shape, strides) == fast[:4]
+    assert ptr + offset == fast[4] == view.data_ptr()
+
+
+@pytest.mark.parametrize(
+    ("np_dtype", "name"),
+    [(np.float16, "float16"), (np.float32, "float32"), (np.int32, "int32"), (np.uint8, "uint8")],
+)
+def test_numpy_goes_through_dlpack(np_dtype, name):
+    a = np.zeros((4, 3), dtype=np_dtype)[:, 1:]
+    got = _core.tensor_meta(a)
+    assert got[0] == name
+    assert got[1] == "cpu"
+    assert got[2] == [4, 2]
+    assert got[3] == [3, 1]
+    assert got[4] + got[5] == a.__array_interface__["data"][0]
+
+
+def test_tensor_subclass_uses_the_torch_path():
+    p = torch.nn.Parameter(torch.zeros(4, 4))
+    assert _core.tensor_meta(p)[2] == [4, 4]
+
+
+@pytest.mark.parametrize("bad", [None, 3, [1, 2], "tensor", object()])
+def test_non_tensors_are_rejected_with_a_type_error(bad):
+    with pytest.raises(b12x.NotATensorError, match="expected a tensor") as info:
+        _core.tensor_meta(bad)
+    assert isinstance(info.value, TypeError)
