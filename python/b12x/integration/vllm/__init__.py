@@ -1,0 +1,31 @@
+"""vLLM adapters: the C4 sparse indexer and the PCIe all-reduce.
+
+Importing this package never imports vLLM; the adapters look vLLM's services
+up lazily (:mod:`b12x.integration.vllm._hooks`) when a model calls them.
+
+* :class:`C4SparseIndexer` (alias :data:`DeepseekV4B12xSparseIndexer`): plan
+  reuse through the library's plan cache, fresh workspace views per call,
+  profile-workspace reservation, per-request prefill chunks, device-side
+  active width.
+* :class:`PcieAllReduce`: describers, routing, the declared-plan index,
+  admission, fused all-reduce + add + RMSNorm, CUDA-graph capture.
+"""
+
+from b12x.integration.vllm.allreduce import PcieAllReduce, add_rms_norm_, route_invocation
+from b12x.integration.vllm.indexer import (
+    C4SparseIndexer,
+    DeepseekV4B12xSparseIndexer,
+    b12x_indexer_is_supported,
+)
+from b12x.integration.vllm.limits import Limits, parse_byte_size
+
+__all__ = [
+    "C4SparseIndexer",
+    "DeepseekV4B12xSparseIndexer",
+    "Limits",
+    "PcieAllReduce",
+    "add_rms_norm_",
+    "b12x_indexer_is_supported",
+    "parse_byte_size",
+    "route_invocation",
+]

@@ -1,0 +1,458 @@
+"""The C4 sparse indexer adapter for vLLM (DeepSeek V4 CSA, GLM-5.3-Flash).
+
+It only translates vLLM's indexer metadata into :mod:`b12x.attention.dsa_indexer`
+calls:
+
+* **Plans** come from ``plan(Caps(...))`` with exactly ``device, num_q_heads,
+  max_q_rows, max_page_table_width, topk, mode``. The library interns plans in
+  its Rust plan cache and buckets the capacities, so the adapter keeps no plan
+  dict of its own and equal geometries share one plan.
+* **Workspace**: every call takes fresh views of vLLM's shared workspace
+  (``get_simultaneous(*plan.shapes_and_dtypes())``) and binds them; nothing from
+  a previous call is reused, so another op may use the workspace in between.
+* **Prefill** runs one request per chunk against that request's page-table
+  row shared by all its query rows (a stride-0 ``expand``); **decode** runs one
+  page-table row per token.
+* **active_width** is ``clamp(amax(lengths), 0, width * 64)`` computed on the
+  device into a persistent buffer: no host sync, graph-capture safe.
+* **Outputs** are never pre-filled: ``run`` writes every slot.
+
+Differences from the reference adapter: the prefill route is named
+``"shared_prefill"`` here (the reference asserts ``"packed_contiguous"``; ours
+scores the shared page table without that route's contiguous gather buffer),
+and bad input raises b12x's error classes (``ShapeError`` etc., all
+``ValueError``s) where the reference raised ``RuntimeError`` for cache-layout
+and chunking problems.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from b12x.errors import ConfigError, DTypeError, LayoutError, ShapeError
+from b12x.integration.vllm import _hooks
+
+__all__ = [
+    "PREFILL_ROUTE",
+    "C4SparseIndexer",
+    "DeepseekV4B12xSparseIndexer",
+    "b12x_indexer_is_supported",
+    "flatten_index_cache",
+    "require_indexer_module",
+]
+
+PAGE_SIZE = 64
+HEAD_DIM = 128
+_SCALE_BYTES = 4
+_ROW_BYTES = HEAD_DIM + _SCALE_BYTES  # 132: vLLM allocates [blocks, 64, 132] uint8
+PAGE_BYTES = PAGE_SIZE * _ROW_BYTES  # 8448: planar FP8 rows then fp32 scales
+PREFILL_ROUTE = "shared_prefill"
+_MODULE_NAMES = ("Caps", "plan", "bind", "run", "is_supported", "PAGED_INDEX_PAGE_SIZE")
+
+
+def _dsa_indexer() -> Any:
+    """The library module (tests swap in a stand-in here)."""
+    from b12x.attention import dsa_indexer
+
+    return dsa_indexer
+
+
+def require_indexer_module() -> Any:
+    """``b12x.attention.dsa_indexer``, checked for the names this adapter calls.
+
+    Raises
+    ------
+    b12x.errors.ConfigError
+        If the module is missing, lacks a name, or its page size is not 64.
+    """
+    try:
+        module = _dsa_indexer()
+    except ImportError as e:
+        raise ConfigError(
+            f"C4SparseIndexer: b12x.attention.dsa_indexer expected importable, got {e}"
+        ) from e
+    missing = [name for name in _MODULE_NAMES if not hasattr(module, name)]
+    if missing:
+        raise ConfigError(
+            f"C4SparseIndexer: b12x.attention.dsa_indexer expected {', '.join(_MODULE_NAMES)}, "
+            f"got no {', '.join(missing)}"
+        )
+    if int(module.PAGED_INDEX_PAGE_SIZE) != PAGE_SIZE:
+        raise ConfigError(
+            f"C4SparseIndexer: PAGED_INDEX_PAGE_SIZE expected {PAGE_SIZE}, "
+            f"got {module.PAGED_INDEX_PAGE_SIZE}"
+        )
+    return module
+
+
+def b12x_indexer_is_supported() -> bool:
+    """True when CUDA is available and the indexer kernels run on this device."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        module = require_indexer_module()
+    except ConfigError:
+        return False
+    return bool(module.is_supported())
+
+
+def flatten_index_cache(kv_cache: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``[blocks, 64, 132]`` uint8 index cache as ``[blocks, 8448]``, zero-copy.
+
+    The page stride is kept (packed multi-group allocations pad it); a cache
+    that is already ``[blocks, 8448]`` passes through.
+    """
+    op = "C4SparseIndexer"
+    if kv_cache.dtype != torch.uint8:
+        raise DTypeError(f"{op}: kv_cache expected uint8, got {kv_cache.dtype}")
+    if kv_cache.ndim == 2 and kv_cache.shape[1] == PAGE_BYTES:
+        return kv_cache
+    if kv_cache.ndim != 3 or tuple(kv_cache.shape[1:]) != (PAGE_SIZE, _ROW_BYTES):
+        raise ShapeError(
+            f"{op}: kv_cache expected shape [blocks, {PAGE_SIZE}, {_ROW_BYTES}] "
+            f"or [blocks, {PAGE_BYTES}], got {list(kv_cache.shape)}"
+        )
+    if kv_cache.stride(1) != _ROW_BYTES or kv_cache.stride(2) != 1:
+        raise LayoutError(
+            f"{op}: kv_cache expected page payloads with strides (*, {_ROW_BYTES}, 1), "
+            f"got {tuple(kv_cache.stride())}"
+        )
+    return kv_cache.as_strided((kv_cache.shape[0], PAGE_BYTES), (kv_cache.stride(0), 1))
+
+
+def _route_of(obj: Any) -> Any:
+    route = getattr(obj, "route", None)
+    if route is None:
+        route = getattr(getattr(obj, "layout", None), "route", None)
+    return route
+
+
+def _check_prefill_route(plan: Any) -> None:
+    route = _route_of(plan)
+    if route != PREFILL_ROUTE:
+        raise ConfigError(
+            f"C4SparseIndexer: prefill plan route expected {PREFILL_ROUTE!r}, got {route!r}"
+        )
+
+
+class C4SparseIndexer(torch.nn.Module):
+    """Top-k selection of compressed K rows for DeepSeek V4 C4 attention layers.
+
+    Drop-in for vLLM's ``B12xC4SparseIndexer`` (alias
+    :data:`DeepseekV4B12xSparseIndexer`): the same constructor, ``forward``,
+    ``run_paged_topk`` and profile reservation.
+
+    Parameters
+    ----------
+    k_cache
+        The layer's cache holder: ``.prefix`` names its metadata entry and
+        ``.kv_cache`` is the ``[blocks, 64, 132]`` uint8 index cache.
+    topk_tokens
+        Rows selected per query (512, 1024 or 2048).
+    head_dim
+        Must be 128.
+    max_model_len
+        Maximum context in **compressed** K rows (model tokens / 4).
+    topk_indices_buffer
+        int32 ``[max_tokens, topk]`` output buffer, written in place.
+    skip_k_cache_insert
+        Must be True: the model writes the index K cache itself.
+    use_fp4_cache
+        Must be False (FP8 cache only).
+    compress_ratio
+        Must be 4 (C4 layers).
+    quant_block_size, scale_fmt, max_total_seq_len
+        Accepted for signature compatibility; unused.
+
+    Raises
+    ------
+    b12x.errors.ConfigError
+        On any unsupported setting, or when the kernels are not supported on
+        the buffer's CUDA device.
+    """
+
+    def __init__(
+        self,
+        k_cache: Any,
+        quant_block_size: int,
+        scale_fmt: str,
+        topk_tokens: int,
+        head_dim: int,
+        max_model_len: int,
+        max_total_seq_len: int,
+        topk_indices_buffer: torch.Tensor | None,
+        skip_k_cache_insert: bool = False,
+        use_fp4_cache: bool = False,
+        compress_ratio: int = 1,
+    ) -> None:
+        super().__init__()
+        del quant_block_size, scale_fmt, max_total_seq_len
+        op = "C4SparseIndexer"
+        if not skip_k_cache_insert:
+            raise ConfigError(
+                f"{op}: skip_k_cache_insert expected True (the model writes the index K cache), "
+                "got False"
+            )
+        if use_fp4_cache:
+            raise ConfigError(f"{op}: use_fp4_cache expected False (FP8 index cache), got True")
+        if compress_ratio != 4:
+            raise ConfigError(f"{op}: compress_ratio expected 4, got {compress_ratio}")
+        if head_dim != HEAD_DIM:
+            raise ConfigError(f"{op}: head_dim expected {HEAD_DIM}, got {head_dim}")
+        if topk_indices_buffer is None:
+            raise ConfigError(f"{op}: topk_indices_buffer expected an int32 tensor, got None")
+        module = require_indexer_module()
+        if topk_indices_buffer.is_cuda and not module.is_supported():
+            raise ConfigError(
+                f"{op}: device expected one the indexer kernels support, "
+                f"got {topk_indices_buffer.device} (dsa_indexer.is_supported() is False)"
+            )
+        self._module = module
+        self.k_cache = k_cache
+        self.topk_tokens = int(topk_tokens)
+        self.max_model_len = int(max_model_len)
+        self.topk_indices_buffer = topk_indices_buffer
+        # amax(lengths) lands here on the device; persistent so graphs capture its address.
+        self.register_buffer(
+            "_active_width",
+            torch.zeros((1,), dtype=torch.int32, device=topk_indices_buffer.device),
+            persistent=False,
+        )
+
+    # --- planning -----------------------------------------------------------------
+
+    def _plan(self, device: torch.device, heads: int, rows: int, width: int, mode: str) -> Any:
+        module = self._module
+        plan = module.plan(
+            module.Caps(
+                device=device,
+                num_q_heads=heads,
+                max_q_rows=max(rows, 1),
+                max_page_table_width=max(width, 1),
+                topk=self.topk_tokens,
+                mode=mode,
+            )
+        )
+        if mode == "prefill":
+            _check_prefill_route(plan)
+        return plan
+
+    def reserve_profile_workspace(self, q: torch.Tensor) -> None:
+        """Grows the shared workspace to the worst case before vLLM locks it.
+
+        Plans decode and prefill for ``q``'s rows at ``max_model_len`` and asks
+        the workspace manager for both once; computes nothing.
+        """
+        rows = int(q.shape[0])
+        width = -(-self.max_model_len // PAGE_SIZE)
+        manager = _hooks.workspace_manager()
+        for mode in ("decode", "prefill"):
+            plan = self._plan(q.device, int(q.shape[1]), rows, width, mode)
+            manager.get_simultaneous(*plan.shapes_and_dtypes())
+
+    _reserve_profile_workspace = reserve_profile_workspace  # the reference adapter's name
+
+    # --- one selection --------------------------------------------------------------
+
+    def _device_active_width(self, cache_lengths: torch.Tensor, width: int) -> torch.Tensor:
+        buf = self._active_width
+        torch.amax(cache_lengths, dim=0, keepdim=True, out=buf)
+        return buf.clamp_(0, width * PAGE_SIZE)
+
+    def _select(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        kv_cache: torch.Tensor,
+        cache_lengths: torch.Tensor,
+        page_table: torch.Tensor,
+        active_width: torch.Tensor | None,
+        output: torch.Tensor,
+        scores: torch.Tensor | None,
+        shared_page_table: bool,
+    ) -> None:
+        rows = int(q.shape[0])
+        if rows == 0:
+            return  # nothing to select (static shape: no device value is read)
+        width = int(page_table.shape[1])
+        mode = "prefill" if shared_page_table else "decode"
+        plan = self._plan(q.device, int(q.shape[1]), rows, width, mode)
+        scratch = _hooks.workspace_manager().get_simultaneous(*plan.shapes_and_dtypes())
+        if active_width is None:
+            active_width = self._device_active_width(cache_lengths, width)
+        module = self._module
+        binding = module.bind(
+            plan,
+            scratch=scratch,
+            q_fp8=q,
+            query_weights=weights,
+            index_k_cache=flatten_index_cache(kv_cache),
+            page_table=page_table,
+            cache_lengths=cache_lengths,
+            active_width=active_width,
+            output_indices=output,
+            output_scores=scores,
+        )
+        module.run(binding)
+
+    def run_paged_topk(
+        self,
+        *,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        kv_cache: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_table: torch.Tensor,
+        output: torch.Tensor,
+        scores: torch.Tensor | None = None,
+        shared_page_table: bool,
+        active_width: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Selects top-k for caller-owned paged metadata; returns ``output``.
+
+        Parameters
+        ----------
+        q
+            float8_e4m3fn ``[rows, heads, 128]``.
+        weights
+            float32 ``[rows, heads]`` or ``[rows, heads, 1]``.
+        kv_cache
+            uint8 ``[blocks, 64, 132]`` (or ``[blocks, 8448]``).
+        seq_lens
+            int32 ``[rows]``: visible compressed K rows per query row.
+        block_table
+            int32 ``[rows, width]`` page ids; with ``shared_page_table`` a
+            stride-0 ``[1, width].expand(rows, width)`` view.
+        output, scores
+            int32 / float32 ``[rows, topk]``; written by the library, never here.
+        active_width
+            int32 ``[1]`` device bound on the lengths; computed on the device
+            when None.
+
+        Raises
+        ------
+        b12x.errors.ShapeError, b12x.errors.DTypeError
+            If ``output`` or ``scores`` do not have shape ``[rows, topk]``
+            (scores: float32). The library's ``bind`` checks everything else.
+        """
+        op = "C4SparseIndexer.run_paged_topk"
+        expected = (int(q.shape[0]), self.topk_tokens)
+        if tuple(output.shape) != expected:
+            raise ShapeError(f"{op}: output expected shape {expected}, got {tuple(output.shape)}")
+        if scores is not None:
+            if tuple(scores.shape) != expected:
+                raise ShapeError(
+                    f"{op}: scores expected shape {expected}, got {tuple(scores.shape)}"
+                )
+            if scores.dtype != torch.float32:
+                raise DTypeError(f"{op}: scores expected float32, got {scores.dtype}")
+        self._select(
+            q,
+            weights,
+            kv_cache,
+            seq_lens,
+            block_table,
+            active_width,
+            output,
+            scores,
+            shared_page_table,
+        )
+        return output
+
+    # --- vLLM forward -----------------------------------------------------------------
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        q_quant: Any,
+        k: torch.Tensor | None,
+        weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Fills ``topk_indices_buffer`` for the current batch and returns it.
+
+        Reads vLLM's forward context: no per-layer metadata (a profile run)
+        reserves the workspace; prefill chunks run first, then the decode rows.
+        """
+        del hidden_states
+        op = "C4SparseIndexer.forward"
+        if not isinstance(q_quant, torch.Tensor):
+            raise DTypeError(f"{op}: q_quant expected an FP8 tensor, got {type(q_quant).__name__}")
+        if k is not None:
+            raise ConfigError(
+                f"{op}: k expected None (the model writes the index K cache first), got a tensor"
+            )
+        context = _hooks.forward_context()
+        attn_metadata = context.attn_metadata
+        if not isinstance(attn_metadata, dict):
+            if (
+                _hooks.is_eager_mode(context.cudagraph_runtime_mode)
+                and getattr(context, "batch_descriptor", None) is not None
+            ):
+                self.reserve_profile_workspace(q_quant)
+            return self.topk_indices_buffer
+        metadata = attn_metadata[self.k_cache.prefix]
+        if metadata.prefill is not None:
+            for chunk in metadata.prefill.chunks:
+                self._prefill_chunk(chunk, q_quant, weights)
+        if metadata.decode is not None:
+            self._decode(metadata, q_quant, weights)
+        return self.topk_indices_buffer
+
+    def _prefill_chunk(self, chunk: Any, q: torch.Tensor, weights: torch.Tensor) -> None:
+        op = "C4SparseIndexer.forward"
+        if chunk.num_reqs != 1:
+            raise ConfigError(
+                f"{op}: prefill chunk expected 1 request (one page-table row), got {chunk.num_reqs}"
+            )
+        start, end = int(chunk.token_start), int(chunk.token_end)
+        rows = end - start
+        table = chunk.block_table
+        width = int(table.shape[1])
+        # Only the pages the request has filled; at least one so the plan is non-empty.
+        active_pages = min(max(1, -(-int(chunk.total_seq_lens) // PAGE_SIZE)), width)
+        self._select(
+            q[start:end].contiguous(),
+            weights[start:end].contiguous(),
+            self.k_cache.kv_cache,
+            (chunk.cu_seqlen_ke - chunk.cu_seqlen_ks).to(torch.int32),
+            table[:1, :active_pages].expand(rows, active_pages),
+            None,
+            self.topk_indices_buffer[start:end, : self.topk_tokens],
+            None,
+            True,
+        )
+
+    def _decode(self, metadata: Any, q: torch.Tensor, weights: torch.Tensor) -> None:
+        op = "C4SparseIndexer.forward"
+        decode = metadata.decode
+        if getattr(decode, "requires_padding", False):
+            raise ConfigError(f"{op}: decode rows expected unpadded, got requires_padding=True")
+        seq_lens = decode.seq_lens.reshape(-1).contiguous()
+        table = decode.block_table
+        tokens, requests = int(seq_lens.shape[0]), int(table.shape[0])
+        if tokens != requests:
+            # Multi-token decode (MTP): each request's row serves its next_n tokens.
+            if tokens % requests != 0:
+                raise ShapeError(
+                    f"{op}: decode seq_lens expected a multiple of the {requests} page-table "
+                    f"rows, got {tokens}"
+                )
+            table = table.repeat_interleave(tokens // requests, dim=0)
+        n = int(metadata.num_decode_tokens)
+        self._select(
+            q[:n].contiguous(),
+            weights[:n].contiguous(),
+            self.k_cache.kv_cache,
+            seq_lens[:n],
+            table[:n].contiguous(),
+            getattr(decode, "active_width", None),
+            self.topk_indices_buffer[:n, : self.topk_tokens],
+            None,
+            False,
+        )
+
+
+# DeepSeek V4 model code imports this name; GLM imports the shared one.
+DeepseekV4B12xSparseIndexer = C4SparseIndexer
