@@ -491,3 +491,12 @@ def test_close_forgets_everything_and_is_idempotent(pcie):
     assert runtime.closed == 1
     assert comm.disabled and not comm.should_custom_ar(x) and not comm.has_plan_for(x)
     assert comm._plans == {} and comm._invocations == {} and len(comm._index) == 0
+
+
+def test_enabled_but_nothing_declared_declines(pcie):
+    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=1024))
+    x = torch.ones((2, 4), dtype=torch.bfloat16)
+    assert not comm.should_custom_ar(x)
+    assert comm.custom_all_reduce(x) is None
+    assert not comm.try_fused_add_rms_norm(x, x.clone(), torch.ones(4, dtype=torch.bfloat16), 0.0)
+    assert runtime.calls == []

@@ -305,7 +305,8 @@ class PcieAllReduce:
         epsilon: float | None = None,
     ) -> bool:
         """Whether ``inp`` matches a declared, routed plan. Never raises."""
-        if self._lookup_plan(inp, operation, weight, epsilon) is not None:
+        index = self._index
+        if index is not None and index.lookup(inp, operation, weight, epsilon) is not None:
             return True
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -352,9 +353,10 @@ class PcieAllReduce:
         return torch.cuda.current_stream(self.device)
 
     def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> Any:
-        if self.disabled:
+        index = self._index
+        if self.disabled or index is None:
             return None
-        plan = self._lookup_plan(inp, operation, weight, epsilon)
+        plan = index.lookup(inp, operation, weight, epsilon)
         if plan is None:
             return None
         # The key fixes shape, dtype and strides; the address and device are live.

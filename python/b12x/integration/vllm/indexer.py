@@ -27,6 +27,7 @@ and chunking problems.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -165,6 +166,9 @@ class C4SparseIndexer(torch.nn.Module):
         Must be 4 (C4 layers).
     quant_block_size, scale_fmt, max_total_seq_len
         Accepted for signature compatibility; unused.
+    workspace_manager, forward_context
+        For callers outside vLLM: callables returning the workspace manager
+        (``get_simultaneous``) and the forward context. Default: vLLM's.
 
     Raises
     ------
@@ -186,6 +190,9 @@ class C4SparseIndexer(torch.nn.Module):
         skip_k_cache_insert: bool = False,
         use_fp4_cache: bool = False,
         compress_ratio: int = 1,
+        *,
+        workspace_manager: Callable[[], Any] | None = None,
+        forward_context: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__()
         del quant_block_size, scale_fmt, max_total_seq_len
@@ -210,6 +217,8 @@ class C4SparseIndexer(torch.nn.Module):
                 f"got {topk_indices_buffer.device} (dsa_indexer.is_supported() is False)"
             )
         self._module = module
+        self._workspace_manager = workspace_manager
+        self._forward_context = forward_context
         self.k_cache = k_cache
         self.topk_tokens = int(topk_tokens)
         self.max_model_len = int(max_model_len)
@@ -220,6 +229,9 @@ class C4SparseIndexer(torch.nn.Module):
             torch.zeros((1,), dtype=torch.int32, device=topk_indices_buffer.device),
             persistent=False,
         )
+
+    def _workspace(self) -> Any:
+        return (self._workspace_manager or _hooks.workspace_manager)()
 
     # --- planning -----------------------------------------------------------------
 
@@ -247,7 +259,7 @@ class C4SparseIndexer(torch.nn.Module):
         """
         rows = int(q.shape[0])
         width = -(-self.max_model_len // PAGE_SIZE)
-        manager = _hooks.workspace_manager()
+        manager = self._workspace()
         for mode in ("decode", "prefill"):
             plan = self._plan(q.device, int(q.shape[1]), rows, width, mode)
             manager.get_simultaneous(*plan.shapes_and_dtypes())
@@ -279,7 +291,7 @@ class C4SparseIndexer(torch.nn.Module):
         width = int(page_table.shape[1])
         mode = "prefill" if shared_page_table else "decode"
         plan = self._plan(q.device, int(q.shape[1]), rows, width, mode)
-        scratch = _hooks.workspace_manager().get_simultaneous(*plan.shapes_and_dtypes())
+        scratch = self._workspace().get_simultaneous(*plan.shapes_and_dtypes())
         if active_width is None:
             active_width = self._device_active_width(cache_lengths, width)
         module = self._module
@@ -383,7 +395,7 @@ class C4SparseIndexer(torch.nn.Module):
             raise ConfigError(
                 f"{op}: k expected None (the model writes the index K cache first), got a tensor"
             )
-        context = _hooks.forward_context()
+        context = (self._forward_context or _hooks.forward_context)()
         attn_metadata = context.attn_metadata
         if not isinstance(attn_metadata, dict):
             if (
