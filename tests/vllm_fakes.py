@@ -188,7 +188,7 @@ class StandinIndexer:
         self._plans: dict[Any, Any] = {}
 
     @staticmethod
-    def is_supported() -> bool:
+    def is_supported(device: Any = None) -> bool:
         return False
 
     def plan(self, caps: Caps) -> Any:

@@ -211,7 +211,7 @@ class C4SparseIndexer(torch.nn.Module):
         if topk_indices_buffer is None:
             raise ConfigError(f"{op}: topk_indices_buffer expected an int32 tensor, got None")
         module = require_indexer_module()
-        if topk_indices_buffer.is_cuda and not module.is_supported():
+        if topk_indices_buffer.is_cuda and not module.is_supported(topk_indices_buffer.device):
             raise ConfigError(
                 f"{op}: device expected one the indexer kernels support, "
                 f"got {topk_indices_buffer.device} (dsa_indexer.is_supported() is False)"
