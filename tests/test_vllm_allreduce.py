@@ -500,3 +500,13 @@ def test_enabled_but_nothing_declared_declines(pcie):
     assert comm.custom_all_reduce(x) is None
     assert not comm.try_fused_add_rms_norm(x, x.clone(), torch.ones(4, dtype=torch.bfloat16), 0.0)
     assert runtime.calls == []
+
+
+def test_register_collective_describer_only_on_pcie_all_reduce(pcie):
+    from b12x.integration.vllm import register_collective_describer
+
+    comm, _ = comm_with(Limits(oneshot_max=84 << 10, fused_max=0))
+    layer = Layer(pcie, "l")
+    assert register_collective_describer(comm, layer, layer.describe)
+    assert not register_collective_describer(object(), layer, layer.describe)
+    assert list(comm.prepare(Workload((1,)))) == ["l.m1"]

@@ -11,7 +11,12 @@ up lazily (:mod:`b12x.integration.vllm._hooks`) when a model calls them.
   admission, fused all-reduce + add + RMSNorm, CUDA-graph capture.
 """
 
-from b12x.integration.vllm.allreduce import PcieAllReduce, add_rms_norm_, route_invocation
+from b12x.integration.vllm.allreduce import (
+    PcieAllReduce,
+    add_rms_norm_,
+    register_collective_describer,
+    route_invocation,
+)
 from b12x.integration.vllm.indexer import (
     C4SparseIndexer,
     DeepseekV4B12xSparseIndexer,
@@ -27,5 +32,6 @@ __all__ = [
     "add_rms_norm_",
     "b12x_indexer_is_supported",
     "parse_byte_size",
+    "register_collective_describer",
     "route_invocation",
 ]

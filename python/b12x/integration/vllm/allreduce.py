@@ -37,7 +37,14 @@ import torch
 from b12x.errors import ConfigError, UndeclaredPlanError
 from b12x.integration.vllm.limits import Limits
 
-__all__ = ["FUSED", "PLAIN", "PcieAllReduce", "add_rms_norm_", "route_invocation"]
+__all__ = [
+    "FUSED",
+    "PLAIN",
+    "PcieAllReduce",
+    "add_rms_norm_",
+    "register_collective_describer",
+    "route_invocation",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +131,20 @@ def add_rms_norm_(
     r = residual.float()
     inv = torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + epsilon)
     x.copy_(r * inv * weight.float())
+
+
+def register_collective_describer(
+    communicator: Any, owner: Any, describe: Callable[[Any], Sequence[Any]]
+) -> bool:
+    """Registers ``owner``'s describer if ``communicator`` is a :class:`PcieAllReduce`.
+
+    Returns False (and does nothing) for any other communicator, so model code
+    can call it unconditionally.
+    """
+    if not isinstance(communicator, PcieAllReduce):
+        return False
+    communicator.register_describer(owner, describe)
+    return True
 
 
 # --- the adapter ----------------------------------------------------------------------
