@@ -184,6 +184,8 @@ class PcieAllReduce:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else None
+        if self.device is not None and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if world_size is None:
             if runtime is not None:
                 world_size = int(runtime.world_size)
