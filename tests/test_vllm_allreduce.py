@@ -1,8 +1,11 @@
 """The PCIe all-reduce adapter: the seed's qualifying tests (spec §10 items 1-7).
 
 Items 1-6 go through the adapter's declared-plan index (``b12x.comm.pcie``'s
-``DeclaredPlanIndex`` when it imports, the spec's dict index otherwise);
-item 7 drives routing and dispatch against a recording runtime double.
+``DeclaredPlanIndex`` when it imports, the spec's dict index otherwise).
+Item 7: dispatch, admission, capture and describers against a recording
+runtime double; routing and limits through the runtime's own ``route`` and
+``Limits`` (skipped until branch `collectives` is in; its own tests cover the
+routing table and the byte parser).
 """
 
 from __future__ import annotations
@@ -14,13 +17,18 @@ import b12x
 import pytest
 import torch
 import vllm_fakes as fakes
-from b12x.integration.vllm import Limits, PcieAllReduce, add_rms_norm_, parse_byte_size
+from b12x.integration.vllm import PcieAllReduce, add_rms_norm_
 from b12x.integration.vllm import allreduce as allreduce_mod
 from b12x.integration.vllm.allreduce import FUSED, PLAIN
-from b12x.integration.vllm.limits import _parse_byte_size_fallback
 from vllm_fakes import FakeRuntime
 
 CPU = torch.device("cpu")
+
+
+RUNTIME_MODULE = fakes.runtime_module_or_none()
+needs_runtime_module = pytest.mark.skipif(
+    RUNTIME_MODULE is None, reason="needs b12x.comm.pcie.allreduce (branch collectives)"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +53,7 @@ def inv(pcie, name, shape, dtype=torch.bfloat16, strides=None, weight=None, epsi
 
 def indexed(*invocations):
     """An adapter whose index holds ``invocations``, each with its own plan object."""
-    comm = PcieAllReduce(device=CPU)
+    comm = PcieAllReduce(device=CPU, limits=object())  # no runtime: the index alone
     comm._invocations = {i.name: i for i in invocations}
     comm._plans = {i.name: f"plan:{i.name}" for i in invocations}
     comm._index_declared_plans()
@@ -121,7 +129,7 @@ def test_item5_size_one_dims_ignore_their_stride(pcie, declared):
 
 
 def test_item6_plan_for_on_an_empty_communicator_raises(pcie):
-    comm = PcieAllReduce(device=CPU)
+    comm = PcieAllReduce(device=CPU, limits=object())
     x = torch.empty((2, 4), dtype=torch.bfloat16)
     with pytest.raises(b12x.UndeclaredPlanError, match="no declared plan for"):
         comm._plan_for(x)
@@ -129,33 +137,30 @@ def test_item6_plan_for_on_an_empty_communicator_raises(pcie):
     assert isinstance(b12x.UndeclaredPlanError("x"), RuntimeError)
 
 
-# --- item 7: routing and dispatch with a recording runtime ---------------------------------
+# --- item 7: dispatch and admission with a recording runtime ------------------------------
 
 
-def comm_with(limits, world_size=2, refuse=()):
-    runtime = FakeRuntime(world_size=world_size, refuse=refuse)
-    return PcieAllReduce(device=CPU, runtime=runtime, limits=limits), runtime
+def comm_with(world_size=2, routes=None):
+    runtime = FakeRuntime(world_size=world_size, routes=routes)
+    return PcieAllReduce(device=CPU, runtime=runtime), runtime
 
 
-def test_eager_oneshot_dispatch_passes_the_plan_and_no_stream(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=1024))
+def test_eager_dispatch_runs_the_declared_call(pcie):
+    comm, runtime = comm_with()
     comm.declare([inv(pcie, "o_proj.m2", (2, 4))])
     x = torch.arange(8, dtype=torch.bfloat16).reshape(2, 4)
 
     assert comm.should_custom_ar(x)
     out = comm.custom_all_reduce(x)
 
-    name, call = runtime.calls[-1]
-    assert name == "all_reduce"
-    assert call["plan"] is comm._plans["o_proj.m2"]
-    assert call["stream"] is None
-    assert call["out"] is None
+    assert runtime.calls == [("all_reduce", (x, None))]
     assert torch.equal(out, x * 2)
     assert comm._routes == {"o_proj.m2": "oneshot"}
+    assert comm._plans["o_proj.m2"] is runtime.declared_plans[0][1]
 
 
-def test_fused_has_its_own_ceiling(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=16, fused_max=64))
+def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
+    comm, runtime = comm_with(routes={"plain": None})  # the runtime declines the plain one
     weight = torch.ones(4, dtype=torch.float32)
     comm.declare(
         [
@@ -163,57 +168,24 @@ def test_fused_has_its_own_ceiling(pcie):
             inv(pcie, "fused", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6),
         ]
     )
-    x = torch.ones((2, 4), dtype=torch.float32)  # 32 bytes: above plain, within fused
+    x = torch.ones((2, 4), dtype=torch.float32)
     residual = torch.zeros_like(x)
 
     assert comm._routes == {"fused": "oneshot_fused"}
     assert not comm.should_custom_ar(x)
     assert comm.custom_all_reduce(x) is None
     assert comm.try_fused_add_rms_norm(x, residual, weight, 1e-6)
-    name, call = runtime.calls[-1]
-    assert name == "fused"
-    assert call["out"] is x and call["residual_out"] is residual
-    assert call["plan"] is comm._plans["fused"]
-    assert call["stream"] is None
+    assert runtime.calls == [("fused", (x, residual, weight, 1e-6, None, None))]  # in place
     assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-5)  # undeclared epsilon
     assert not comm.try_fused_add_rms_norm(x, residual, weight.clone(), 1e-6)  # another weight
     assert not comm.try_fused_add_rms_norm(x, x, weight, 1e-6)  # residual aliases the input
-
-
-def test_twoshot_window_and_oneshot_priority(pcie):
-    limits = Limits(oneshot_max=32, fused_max=0, twoshot_max=256, twoshot_row_elems=8)
-    comm, runtime = comm_with(limits)
-    comm.declare(
-        [
-            inv(pcie, "small", (2, 8)),  # 32 B: one-shot has priority
-            inv(pcie, "window", (4, 8)),  # 64 B, numel 32 % (2 * 8) == 0
-            inv(pcie, "ragged", (3, 8)),  # 48 B, numel 24 % 16 != 0
-            inv(pcie, "padded", (4, 8), strides=(16, 1)),  # not row-major
-            inv(pcie, "fp16", (4, 8), dtype=torch.float16),  # two-shot is bf16 only
-            inv(pcie, "big", (32, 8)),  # 512 B: above the window, no DMA route
-        ]
-    )
-    assert comm._routes == {"small": "oneshot", "window": "twoshot"}
-
-    x = torch.ones((4, 8), dtype=torch.bfloat16)
-    out = comm.custom_all_reduce(x)
-    _, call = runtime.calls[-1]
-    assert call["out"] is out and out is not x and out.shape == x.shape  # fresh output
-    assert call["plan"] is comm._plans["window"]
-    assert torch.equal(out, x * 2)
-    for shape in ((3, 8), (32, 8)):
-        assert comm.custom_all_reduce(torch.ones(shape, dtype=torch.bfloat16)) is None
-
-
-@pytest.mark.parametrize(("rows", "route"), [(12, None), (16, "twoshot")])
-def test_twoshot_rows_must_split_over_the_world(pcie, rows, route):
-    limits = Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
-    invocation = inv(pcie, "m", (rows, 5120))
-    assert allreduce_mod.route_invocation(invocation, 4, limits) == route
+    assert not comm.try_fused_add_rms_norm(x, residual.t().contiguous().t(), weight, 1e-6)
+    assert not comm.try_fused_add_rms_norm(x, residual, weight.half(), 1e-6)
+    assert len(runtime.calls) == 1
 
 
 def test_runtime_refusal_declines(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=0), refuse=("refused",))
+    comm, runtime = comm_with(routes={"refused": None})
     comm.declare([inv(pcie, "refused", (2, 4)), inv(pcie, "kept", (4, 4))])
     assert [i.name for i in runtime.declared[0]] == ["refused", "kept"]
     assert comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16)) is None
@@ -222,7 +194,7 @@ def test_runtime_refusal_declines(pcie):
 
 
 def test_live_address_and_device_are_admitted_separately(pcie):
-    comm, _ = comm_with(Limits(oneshot_max=1024, fused_max=0))
+    comm, runtime = comm_with()
     comm.declare([inv(pcie, "m", (2, 8))])
     storage = torch.ones(40, dtype=torch.bfloat16)
     aligned = storage[:16].view(2, 8)
@@ -233,10 +205,11 @@ def test_live_address_and_device_are_admitted_separately(pcie):
     assert comm.custom_all_reduce(misaligned) is None
     comm.device = torch.device("cuda", 0)
     assert not comm.should_custom_ar(aligned)
+    assert runtime.calls == []
 
 
 def test_equal_declarations_share_one_plan(pcie):
-    comm, _ = comm_with(Limits(oneshot_max=84 << 10, fused_max=84 << 10))
+    comm, _ = comm_with()
     weight = torch.ones(6144, dtype=torch.bfloat16)
     declared = []
     for layer in range(40):
@@ -250,59 +223,51 @@ def test_equal_declarations_share_one_plan(pcie):
 
 
 def test_all_reduce_raises_on_undeclared(pcie):
-    comm, _ = comm_with(Limits(oneshot_max=1024, fused_max=0))
+    comm, runtime = comm_with()
     comm.declare([inv(pcie, "m", (2, 4))])
     with pytest.raises(b12x.UndeclaredPlanError, match="no declared plan for"):
         comm.all_reduce(torch.ones((3, 4), dtype=torch.bfloat16))
-    assert torch.equal(
-        comm.all_reduce(torch.ones((2, 4), dtype=torch.bfloat16)),
-        torch.full((2, 4), 2.0, dtype=torch.bfloat16),
-    )
-
-
-class Stream:
-    """A stand-in CUDA stream (identity is all the adapter compares)."""
-
-
-def test_capture_forwards_the_stream_and_restores_state(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=0))
-    comm.declare([inv(pcie, "m", (2, 4))])
-    graph_stream, other = Stream(), Stream()
-    current = [graph_stream]
-    comm._current_stream = lambda: current[0]
     x = torch.ones((2, 4), dtype=torch.bfloat16)
+    out = torch.empty_like(x)
+    assert comm.all_reduce(x, out=out) is out
+    assert torch.equal(out, torch.full((2, 4), 2.0, dtype=torch.bfloat16))
+    assert runtime.calls == [("all_reduce", (x, out))]
 
+
+def test_enabled_but_nothing_declared_declines(pcie):
+    comm, runtime = comm_with()
+    x = torch.ones((2, 4), dtype=torch.bfloat16)
+    assert not comm.should_custom_ar(x)
+    assert comm.custom_all_reduce(x) is None
+    assert not comm.try_fused_add_rms_norm(x, x.clone(), torch.ones(4, dtype=torch.bfloat16), 0.0)
+    assert runtime.calls == []
+
+
+def test_capture_enters_the_runtime_and_restores_state(pcie):
+    comm, runtime = comm_with()
+    comm.declare([inv(pcie, "m", (2, 4))])
     with comm.capture():
-        assert runtime.in_capture
-        comm.custom_all_reduce(x)
-        assert runtime.calls[-1][1]["stream"] is graph_stream
-        current[0] = other  # an op issued on another stream gets the runtime default
-        comm.custom_all_reduce(x)
-        assert runtime.calls[-1][1]["stream"] is None
-    assert runtime.captures == [graph_stream]
-    assert not comm._capturing and comm._capture_stream is None
-
-    current[0] = graph_stream
-    with pytest.raises(RuntimeError, match="body failed"), comm.capture(stream=graph_stream):
+        assert runtime.in_capture and comm._capturing
+        comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16))
+    assert runtime.captures == 1 and not runtime.in_capture and not comm._capturing
+    with pytest.raises(RuntimeError, match="body failed"), comm.capture():
         raise RuntimeError("body failed")
-    assert not comm._capturing and comm._capture_stream is None
-    assert not runtime.in_capture
-    comm.custom_all_reduce(x)
-    assert runtime.calls[-1][1]["stream"] is None
+    assert not runtime.in_capture and not comm._capturing
+    assert len(runtime.calls) == 1
 
 
 def test_capture_without_declarations_is_refused(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=0))
+    comm, runtime = comm_with()
     with pytest.raises(b12x.UndeclaredPlanError, match="declared plans expected"), comm.capture():
         pass
-    assert runtime.captures == []
-    disabled = PcieAllReduce(device=CPU)
-    with disabled.capture():  # disabled: a no-op
+    assert runtime.captures == 0
+    disabled = PcieAllReduce(device=CPU, limits=object())
+    with disabled.capture():  # no runtime: a no-op
         pass
 
 
 def test_fused_fallback_matches_all_reduce_then_add_rms_norm(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=0, fused_max=0))
+    comm, runtime = comm_with()
     g = torch.Generator().manual_seed(0)
     x = torch.randn((3, 64), generator=g).to(torch.bfloat16)
     residual = torch.randn((3, 64), generator=g).to(torch.bfloat16)
@@ -317,11 +282,15 @@ def test_fused_fallback_matches_all_reduce_then_add_rms_norm(pcie):
         seen.append(t)
         return (t.float() * 2).to(t.dtype)
 
-    comm.fused_all_reduce_add_rms_norm(x, residual, weight, 1e-6, nccl)
+    comm.fused_all_reduce_add_rms_norm(x, residual, weight, 1e-6, nccl)  # undeclared: fallback
 
     assert len(seen) == 1 and runtime.calls == []
     assert torch.equal(residual, r)
     torch.testing.assert_close(x, expected, atol=2e-2, rtol=2e-2)
+
+    comm.declare([inv(pcie, "f", (3, 64), weight=weight, epsilon=1e-6)])
+    comm.fused_all_reduce_add_rms_norm(x, residual, weight, 1e-6, nccl)  # declared: fused
+    assert len(seen) == 1 and runtime.calls[-1][0] == "fused"
 
 
 def test_add_rms_norm_in_place_matches_torch():
@@ -336,54 +305,64 @@ def test_add_rms_norm_in_place_matches_torch():
     torch.testing.assert_close(x, want)
 
 
-@pytest.mark.parametrize(
-    ("text", "value"),
-    [
-        ("17", 17),
-        ("84KB", 86016),
-        ("6 MiB", 6291456),
-        ("2g", 1 << 31),
-        ("1t", 1 << 40),
-        (" 3 b ", 3),
-    ],
-)
-def test_byte_sizes(text, value):
-    assert parse_byte_size(text) == value
-    assert _parse_byte_size_fallback(text) == value
+def test_runtime_build_failure_disables_with_a_log(pcie, monkeypatch, caplog):
+    def build(group, device, limits):
+        raise RuntimeError("peer access unavailable")
+
+    monkeypatch.setattr(allreduce_mod, "_build_runtime", build)
+
+    class Group:
+        def size(self):
+            return 2
+
+    with caplog.at_level(logging.WARNING, logger=allreduce_mod.logger.name):
+        comm = PcieAllReduce(Group(), CPU, limits=object())
+    assert comm.disabled
+    assert "peer access unavailable" in caplog.text
+    assert not comm.should_custom_ar(torch.ones((2, 4), dtype=torch.bfloat16))
 
 
-@pytest.mark.parametrize(
-    ("text", "match"), [("84 KX", "suffix"), ("KB", "byte size"), ("", "byte size")]
-)
-def test_bad_byte_sizes(text, match):
-    with pytest.raises(ValueError, match=match):
-        parse_byte_size(text)
+def test_a_runtime_that_disabled_itself_disables_the_adapter(pcie, caplog):
+    runtime = FakeRuntime()
+    runtime.enabled, runtime.disabled_reason = False, "setup step 'open peers' failed on rank 1"
+    with caplog.at_level(logging.WARNING, logger=allreduce_mod.logger.name):
+        comm = PcieAllReduce(device=CPU, runtime=runtime, limits=object())
+    assert comm.disabled and "failed on rank 1" in caplog.text
+    assert not comm.try_fused_add_rms_norm(torch.ones(2, 4), torch.zeros(2, 4), torch.ones(4), 1e-6)
 
 
-def test_limits_from_env():
-    assert Limits.from_env(2, {}) == Limits(86016, 86016, 0, 4096)
-    env = {
-        "VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "16KB",
-        "VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE": "72KB",
-        "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE": "768KB",
-    }
-    limits = Limits.from_env(4, env)
-    assert (limits.oneshot_max, limits.fused_max) == (16 << 10, 72 << 10)
-    assert limits.twoshot_max == 96 * 4096 * 2 == 786432  # 96 rows: a multiple of 4 ranks
-    assert limits.buffer_bytes == 72 << 10
-    assert Limits.from_env(2, {"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "0"}).oneshot_max == 0
-    for off in ("", "0", "off", "None", "disabled"):
-        assert Limits.from_env(4, {"VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE": off}).twoshot_max == 0
-    # Rows round down to a multiple of the world: 3 rows of 4096 over 4 ranks is none.
-    few = {"VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE": str(3 * 4096 * 2)}
-    assert Limits.from_env(4, few).twoshot_max == 0
-    with pytest.raises(b12x.ConfigError, match="expected a size >= 0"):
-        Limits.from_env(2, {"VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE": "-1"})
-    with pytest.raises(b12x.ConfigError, match="ROW_ELEMS expected > 0"):
-        Limits.from_env(2, {"VLLM_PCIE_TWOSHOT_ROW_ELEMS": "0"})
+# --- routing and limits through the runtime's own rules -----------------------------------
 
 
-def test_explicit_limits_reach_the_runtime(pcie, monkeypatch):
+@needs_runtime_module
+def test_without_a_runtime_declarations_route_with_the_runtime_rules(pcie):
+    limits = RUNTIME_MODULE.Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
+    comm = PcieAllReduce(device=CPU, world_size=2, limits=limits)
+    weight = torch.ones(4, dtype=torch.float32)
+    comm.declare(
+        [
+            inv(pcie, "plain", (2, 4), dtype=torch.float32),  # 32 B: above the plain ceiling
+            inv(pcie, "fused", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6),
+            inv(pcie, "small", (1, 4), dtype=torch.float32),  # 16 B: one-shot
+        ]
+    )
+    assert comm._routes == {"fused": "oneshot_fused", "small": "oneshot"}
+    x = torch.ones((2, 4), dtype=torch.float32)
+    assert comm.has_plan_for(x, FUSED, weight, 1e-6) and not comm.has_plan_for(x)
+    assert comm.disabled and not comm.should_custom_ar(torch.ones((1, 4)))  # nothing runs
+
+
+@needs_runtime_module
+@pytest.mark.parametrize(("rows", "route"), [(12, None), (16, "twoshot")])
+def test_twoshot_rows_must_split_over_the_world(pcie, rows, route):
+    limits = RUNTIME_MODULE.Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
+    comm = PcieAllReduce(device=CPU, world_size=4, limits=limits)
+    comm.declare([inv(pcie, "m", (rows, 5120))])
+    assert comm._routes.get("m") == route
+
+
+@needs_runtime_module
+def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatch):
     built = []
 
     def build(group, device, limits):
@@ -396,35 +375,24 @@ def test_explicit_limits_reach_the_runtime(pcie, monkeypatch):
         def size(self):
             return 4
 
-    env = {"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "16KB"}
+    env = {
+        "VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "16KB",
+        "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE": "off",
+    }
     comm = PcieAllReduce(Group(), CPU, env=env)
     assert not comm.disabled and comm.world_size == 4
-    assert built == [Limits(16 << 10, 86016, 0, 4096)]
-
-
-def test_runtime_build_failure_disables_with_a_log(pcie, monkeypatch, caplog):
-    def build(group, device, limits):
-        raise RuntimeError("peer access unavailable")
-
-    monkeypatch.setattr(allreduce_mod, "_build_runtime", build)
-
-    class Group:
-        def size(self):
-            return 2
-
-    with caplog.at_level(logging.WARNING, logger=allreduce_mod.logger.name):
-        comm = PcieAllReduce(Group(), CPU)
-    assert comm.disabled
-    assert "peer access unavailable" in caplog.text
-    assert not comm.should_custom_ar(torch.ones((2, 4), dtype=torch.bfloat16))
+    assert built == [RUNTIME_MODULE.Limits.from_env(env)]
+    assert built[0].oneshot_max == 16 << 10 and built[0].twoshot_max == 0
+    with pytest.raises(ValueError, match="suffix"):
+        PcieAllReduce(device=CPU, env={"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "84 KX"})
 
 
 # --- describers ---------------------------------------------------------------------------
 
 
 class Layer:
-    def __init__(self, pcie, name, rows=(1, 4)):
-        self.pcie, self.name, self.rows = pcie, name, rows
+    def __init__(self, pcie, name):
+        self.pcie, self.name = pcie, name
 
     def describe(self, workload):
         return [inv(self.pcie, f"{self.name}.m{r}", (r, 64)) for r in workload.token_counts]
@@ -436,7 +404,7 @@ class Workload:
 
 
 def test_describers_declare_in_registration_order_and_refresh(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=84 << 10, fused_max=0))
+    comm, runtime = comm_with()
     first, second = Layer(pcie, "a"), Layer(pcie, "b")
     comm.register_describer(first, first.describe)
     comm.register_describer(second, second.describe)
@@ -451,7 +419,7 @@ def test_describers_declare_in_registration_order_and_refresh(pcie):
 
 
 def test_describer_owners_are_held_weakly(pcie):
-    comm, _ = comm_with(Limits(oneshot_max=84 << 10, fused_max=0))
+    comm, _ = comm_with()
     layer, keep = Layer(pcie, "gone"), Layer(pcie, "kept")
     comm.register_describer(layer, layer.describe)
     comm.register_describer(keep, keep.describe)
@@ -462,7 +430,7 @@ def test_describer_owners_are_held_weakly(pcie):
 
 
 def test_duplicate_names_are_an_error(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=84 << 10, fused_max=0))
+    comm, runtime = comm_with()
     one, two, three = Layer(pcie, "x"), Layer(pcie, "x"), Layer(pcie, "y")
     for layer in (three, one, two):
         comm.register_describer(layer, layer.describe)
@@ -471,18 +439,18 @@ def test_duplicate_names_are_an_error(pcie):
     assert runtime.declared == []
 
 
-def test_without_a_runtime_declarations_still_index_but_never_run(pcie):
-    comm = PcieAllReduce(device=CPU, limits=Limits(oneshot_max=84 << 10, fused_max=0))
+def test_register_collective_describer_only_on_pcie_all_reduce(pcie):
+    from b12x.integration.vllm import register_collective_describer
+
+    comm, _ = comm_with()
     layer = Layer(pcie, "l")
-    comm.register_describer(layer, layer.describe)
-    assert comm.prepare(Workload((1, 4))) == {"l.m1": "oneshot", "l.m4": "oneshot"}
-    x = torch.ones((4, 64), dtype=torch.bfloat16)
-    assert comm.has_plan_for(x)
-    assert comm.disabled and not comm.should_custom_ar(x) and comm.custom_all_reduce(x) is None
+    assert register_collective_describer(comm, layer, layer.describe)
+    assert not register_collective_describer(object(), layer, layer.describe)
+    assert list(comm.prepare(Workload((1,)))) == ["l.m1"]
 
 
 def test_close_forgets_everything_and_is_idempotent(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=0))
+    comm, runtime = comm_with()
     comm.declare([inv(pcie, "m", (2, 4))])
     x = torch.ones((2, 4), dtype=torch.bfloat16)
     assert comm.should_custom_ar(x)
@@ -491,22 +459,3 @@ def test_close_forgets_everything_and_is_idempotent(pcie):
     assert runtime.closed == 1
     assert comm.disabled and not comm.should_custom_ar(x) and not comm.has_plan_for(x)
     assert comm._plans == {} and comm._invocations == {} and len(comm._index) == 0
-
-
-def test_enabled_but_nothing_declared_declines(pcie):
-    comm, runtime = comm_with(Limits(oneshot_max=1024, fused_max=1024))
-    x = torch.ones((2, 4), dtype=torch.bfloat16)
-    assert not comm.should_custom_ar(x)
-    assert comm.custom_all_reduce(x) is None
-    assert not comm.try_fused_add_rms_norm(x, x.clone(), torch.ones(4, dtype=torch.bfloat16), 0.0)
-    assert runtime.calls == []
-
-
-def test_register_collective_describer_only_on_pcie_all_reduce(pcie):
-    from b12x.integration.vllm import register_collective_describer
-
-    comm, _ = comm_with(Limits(oneshot_max=84 << 10, fused_max=0))
-    layer = Layer(pcie, "l")
-    assert register_collective_describer(comm, layer, layer.describe)
-    assert not register_collective_describer(object(), layer, layer.describe)
-    assert list(comm.prepare(Workload((1,)))) == ["l.m1"]

@@ -306,59 +306,70 @@ def pcie_or_standin() -> Any:
     )
 
 
+def runtime_module_or_none() -> Any:
+    """``b12x.comm.pcie.allreduce`` (Limits, route) once branch `collectives` is in."""
+    return _real("b12x.comm.pcie.allreduce")
+
+
 @dataclass(eq=False)
 class FakePlan:
-    """What the runtime double hands back per distinct declaration."""
+    """What the runtime double prepares per distinct declaration."""
 
+    route: str
     key: Any
     names: list[str] = field(default_factory=list)
 
 
 class FakeRuntime:
-    """The all-reduce runtime double: records calls, returns fresh outputs.
+    """The ``b12x.comm.pcie.AllReduce`` double: records calls, sums by world size.
 
-    ``refuse`` names declarations the runtime declines (``declare`` gives None).
+    ``routes`` maps a declaration name to its route, or to None when the
+    runtime declines it; unnamed ones take ``oneshot`` / ``oneshot_fused``.
+    Equal declarations (route, shape, dtype, strides) share one plan.
     """
 
-    def __init__(self, world_size: int = 2, refuse: tuple[str, ...] = ()) -> None:
+    def __init__(self, world_size: int = 2, routes: dict[str, str | None] | None = None) -> None:
         self.world_size = world_size
-        self.disabled = False
-        self.refuse = set(refuse)
+        self.enabled = True
+        self.disabled_reason = None
+        self.routes = routes or {}
         self.declared: list[list[Any]] = []
-        self.calls: list[tuple[str, dict[str, Any]]] = []
-        self.captures: list[Any] = []
+        self.declared_plans: list[tuple[Any, FakePlan]] = []
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.in_capture = False
+        self.captures = 0
         self.closed = 0
 
-    def declare(self, invocations):
-        self.declared.append(list(invocations))
+    def declare(self, invocations) -> None:
+        invocations = list(invocations)
+        self.declared.append(invocations)
         shared: dict[Any, FakePlan] = {}
-        plans = []
+        self.declared_plans = []
         for inv in invocations:
-            if inv.name in self.refuse:
-                plans.append(None)
+            default = "oneshot" if inv.operation == "all_reduce" else "oneshot_fused"
+            route = self.routes.get(inv.name, default)
+            if route is None:
                 continue
-            key = (inv.operation, inv.shape, inv.dtype, inv.strides, id(inv.norm_weight))
-            plan = shared.setdefault(key, FakePlan(key))
+            key = (route, inv.shape, inv.dtype, inv.strides)
+            plan = shared.setdefault(key, FakePlan(route, key))
             plan.names.append(inv.name)
-            plans.append(plan)
-        return plans
+            self.declared_plans.append((inv, plan))
 
-    def all_reduce(self, inp, *, plan, out=None, stream=None):
-        self.calls.append(("all_reduce", {"inp": inp, "plan": plan, "out": out, "stream": stream}))
+    def all_reduce(self, inp, out=None):
+        self.calls.append(("all_reduce", (inp, out)))
         result = inp * self.world_size
         if out is None:
             return result
         out.copy_(result)
         return out
 
-    def fused_add_rms_norm(self, inp, residual, weight, epsilon, **kw):
-        record = {"inp": inp, "residual": residual, "weight": weight, "epsilon": epsilon}
-        self.calls.append(("fused", {**record, **kw}))
+    def fused_add_rms_norm(self, inp, residual, weight, eps, out=None, residual_out=None):
+        self.calls.append(("fused", (inp, residual, weight, eps, out, residual_out)))
+        return inp, residual
 
     @contextlib.contextmanager
-    def capture(self, stream=None):
-        self.captures.append(stream)
+    def capture(self):
+        self.captures += 1
         self.in_capture = True
         try:
             yield
@@ -367,3 +378,4 @@ class FakeRuntime:
 
     def close(self) -> None:
         self.closed += 1
+        self.enabled = False

@@ -4,6 +4,7 @@ adapter: what a TP rank decides for every all-reduce without any GPU."""
 from __future__ import annotations
 
 import timeit
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +14,8 @@ from b12x._demo import StepResult
 LAYERS = 61  # DeepSeek V4's layer count
 HIDDEN = 7168
 EPS = 1e-6
-TOKEN_COUNTS = (1, 2, 4, 8, 16)
+TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+FUSED = "all_reduce_fused_add_rms_norm"
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class DecoderLayer:
             out.append(
                 self._invocation(
                     name=f"layers.{self.index}.moe_output_add_rms_norm.m{rows}",
-                    operation="all_reduce_fused_add_rms_norm",
+                    operation=FUSED,
                     shape=(rows, HIDDEN),
                     dtype=torch.bfloat16,
                     norm_weight=self.norm_weight,
@@ -60,7 +62,8 @@ class DecoderLayer:
 def lookup_step(world_size: int = 8) -> StepResult:
     name, where = "all-reduce: declared lookups (adapter)", "cpu"
     try:
-        from b12x.comm.pcie import Invocation
+        from b12x.comm.pcie import DeclaredPlanIndex, Invocation  # noqa: F401
+        from b12x.comm.pcie.allreduce import route  # noqa: F401
     except ImportError as e:
         return StepResult(
             name, where, f"skipped: b12x.comm.pcie is not in this build ({e})", status="skip"
@@ -77,35 +80,35 @@ def lookup_step(world_size: int = 8) -> StepResult:
     def x(rows: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         return torch.empty((rows, HIDDEN), dtype=dtype)
 
-    routed_rows = sorted({int(n.rsplit(".m", 1)[1]) for n in routes})
-    hits = [comm.has_plan_for(x(r)) for r in routed_rows]
+    def routed(kind: str) -> list[int]:
+        return [r for r in TOKEN_COUNTS if f"layers.0.{kind}.m{r}" in routes]
+
+    plain_rows, fused_rows = routed("attn_output_all_reduce"), routed("moe_output_add_rms_norm")
+    weight = layers[0].norm_weight
+    hits = [comm.has_plan_for(x(r)) for r in plain_rows]
     hits += [
-        comm.has_plan_for(x(r), "all_reduce_fused_add_rms_norm", layer.norm_weight, EPS)
-        for layer in layers
-        for r in routed_rows
+        comm.has_plan_for(x(r), FUSED, lay.norm_weight, EPS) for lay in layers for r in fused_rows
     ]
-    over = [r for r in TOKEN_COUNTS if r not in routed_rows]
-    misses = [comm.has_plan_for(x(r)) for r in (3, 5, *over)]  # undeclared; over the ceiling
+    misses = [comm.has_plan_for(x(r)) for r in (3, 5)]  # never declared
+    misses += [comm.has_plan_for(x(r)) for r in TOKEN_COUNTS if r not in plain_rows]
+    misses += [
+        comm.has_plan_for(x(r), FUSED, weight, EPS) for r in TOKEN_COUNTS if r not in fused_rows
+    ]
     misses.append(comm.has_plan_for(x(1, torch.float32)))  # another dtype
-    clone = layers[0].norm_weight.clone()  # equal value, another object
-    misses.append(comm.has_plan_for(x(1), "all_reduce_fused_add_rms_norm", clone, EPS))
-    probe_hit, probe_miss = x(routed_rows[-1]) if routed_rows else x(1), x(3)
+    misses.append(comm.has_plan_for(x(1), FUSED, weight.clone(), EPS))  # equal value, other object
+    probe_hit, probe_miss = x(plain_rows[-1] if plain_rows else 1), x(3)
     number = 20000
-    hit_us = min(timeit.repeat(lambda: comm.has_plan_for(probe_hit), number=number, repeat=3))
-    miss_us = min(timeit.repeat(lambda: comm.has_plan_for(probe_miss), number=number, repeat=3))
-    hit_us, miss_us = hit_us / number * 1e6, miss_us / number * 1e6
-    ok = all(hits) and not any(misses) and comm.should_custom_ar(probe_hit) is False
+    hit_s = min(timeit.repeat(lambda: comm.has_plan_for(probe_hit), number=number, repeat=3))
+    miss_s = min(timeit.repeat(lambda: comm.has_plan_for(probe_miss), number=number, repeat=3))
+    ok = all(hits) and not any(misses) and not comm.should_custom_ar(probe_hit)
+    by_route = Counter(routes.values())
     summary = (
         f"TP{world_size}, {LAYERS} layers x {{all-reduce, fused add+RMSNorm}} x rows "
-        f"{TOKEN_COUNTS}: {len(routes)}/{declared} routed (ceiling 84KB: rows {routed_rows}), "
+        f"{TOKEN_COUNTS}: {len(routes)}/{declared} routed "
+        f"({', '.join(f'{n} {name}' for name, n in sorted(by_route.items()))}), "
         f"{len(comm._index)} index keys; hits {sum(hits)}/{len(hits)}, "
         f"misses {len(misses) - sum(misses)}/{len(misses)}; no runtime here, so every live "
-        f"call declines to NCCL"
+        "call declines to NCCL"
     )
-    return StepResult(
-        name,
-        where,
-        summary,
-        f"{hit_us:.2f}/{miss_us:.2f} us hit/miss",
-        "ok" if ok else "FAIL",
-    )
+    timing = f"{hit_s / number * 1e6:.2f}/{miss_s / number * 1e6:.2f} us hit/miss"
+    return StepResult(name, where, summary, timing, "ok" if ok else "FAIL")

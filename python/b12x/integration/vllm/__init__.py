@@ -15,23 +15,18 @@ from b12x.integration.vllm.allreduce import (
     PcieAllReduce,
     add_rms_norm_,
     register_collective_describer,
-    route_invocation,
 )
 from b12x.integration.vllm.indexer import (
     C4SparseIndexer,
     DeepseekV4B12xSparseIndexer,
     b12x_indexer_is_supported,
 )
-from b12x.integration.vllm.limits import Limits, parse_byte_size
 
 __all__ = [
     "C4SparseIndexer",
     "DeepseekV4B12xSparseIndexer",
-    "Limits",
     "PcieAllReduce",
     "add_rms_norm_",
     "b12x_indexer_is_supported",
-    "parse_byte_size",
     "register_collective_describer",
-    "route_invocation",
 ]

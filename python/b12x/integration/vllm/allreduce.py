@@ -9,15 +9,21 @@ to the next backend (NCCL):
 1. **Declare.** Model layers register *describers* (``describe(workload) ->
    [Invocation, ...]``); owners are held weakly and re-registering an owner
    replaces its describer. :meth:`PcieAllReduce.prepare` collects every
-   declaration (duplicate names are an error), routes each one by size
-   (one-shot, fused one-shot, two-shot, or none), asks the runtime for plans
-   and rebuilds the declared-plan index as one snapshot.
+   declaration (duplicate names are an error) and hands them to the runtime
+   (:class:`b12x.comm.pcie.AllReduce`), which routes each one by size
+   (one-shot, fused one-shot, two-shot, or none) and prepares one plan per
+   distinct declaration. The adapter indexes the routed ones in a
+   :class:`b12x.comm.pcie.DeclaredPlanIndex`, rebuilt as one snapshot.
 2. **Admit.** :meth:`should_custom_ar` / :meth:`try_fused_add_rms_norm` look the
    live tensor up by (operation, shape, dtype, address strides, norm weight
-   identity and epsilon); anything undeclared declines.
-3. **Run** on the plan's route, on the capture stream while capturing.
+   identity and epsilon), then check what the key cannot fix (device,
+   16-byte address); anything else declines.
+3. **Run** through the runtime on torch's current stream (the capture stream
+   inside a CUDA graph capture).
 
-Without a runtime (no process group, CPU only) declarations are still routed
+Routing limits are the runtime's (:class:`b12x.comm.pcie.allreduce.Limits`,
+from the ``VLLM_PCIE_*`` environment knobs unless given). Without a runtime
+(no process group, CPU only) declarations are still routed with those limits
 and indexed, so :meth:`has_plan_for` answers, but nothing executes and every
 admission declines.
 """
@@ -35,7 +41,6 @@ from typing import Any
 import torch
 
 from b12x.errors import ConfigError, UndeclaredPlanError
-from b12x.integration.vllm.limits import Limits
 
 __all__ = [
     "FUSED",
@@ -43,77 +48,31 @@ __all__ = [
     "PcieAllReduce",
     "add_rms_norm_",
     "register_collective_describer",
-    "route_invocation",
 ]
 
 logger = logging.getLogger(__name__)
 
 PLAIN = "all_reduce"
 FUSED = "all_reduce_fused_add_rms_norm"
-ONESHOT, ONESHOT_FUSED, TWOSHOT = "oneshot", "oneshot_fused", "twoshot"
 
 
 def _pcie() -> Any:
-    """The library module (tests swap in a stand-in here)."""
+    """``b12x.comm.pcie`` (Invocation, DeclaredPlanIndex, AllReduce); tests swap it."""
     from b12x.comm import pcie
 
     return pcie
 
 
-def _build_runtime(group: Any, device: torch.device, limits: Limits) -> Any:
+def _runtime_module() -> Any:
+    """``b12x.comm.pcie.allreduce`` (Limits, route); tests swap it."""
+    from b12x.comm.pcie import allreduce
+
+    return allreduce
+
+
+def _build_runtime(group: Any, device: Any, limits: Any) -> Any:
     """Builds the IPC runtime collectively over ``group`` (every rank calls this)."""
-    # TODO(collectives): match AllReduce's constructor once branch `collectives` lands.
-    return _pcie().AllReduce(
-        group,
-        device=device,
-        oneshot_max_bytes=limits.oneshot_max,
-        fused_max_bytes=limits.fused_max,
-        twoshot_max_bytes=limits.twoshot_max,
-        twoshot_row_elems=limits.twoshot_row_elems,
-    )
-
-
-# --- routing ------------------------------------------------------------------------
-
-
-def _row_major(shape: Sequence[int], strides: Sequence[int] | None) -> bool:
-    if strides is None:
-        return True
-    expected = 1
-    for size, stride in zip(reversed(shape), reversed(strides), strict=True):
-        if size != 1 and stride != expected:
-            return False
-        expected *= size
-    return True
-
-
-def route_invocation(invocation: Any, world_size: int, limits: Limits) -> str | None:
-    """The route of one declaration, or None when no b12x kernel serves it.
-
-    * plain: ``oneshot`` up to ``limits.oneshot_max`` bytes; above it ``twoshot``
-      for bf16, row-major, ``numel % (world * row_elems) == 0`` up to
-      ``limits.twoshot_max``; else None.
-    * fused add + RMSNorm: ``oneshot_fused`` up to ``limits.fused_max``; else None.
-    """
-    # TODO(collectives): call the runtime's routing (rust/core allreduce::route)
-    # once it is exposed to Python, so the rule lives in one place.
-    numel = 1
-    for size in invocation.shape:
-        numel *= size
-    nbytes = numel * invocation.dtype.itemsize
-    if invocation.operation == FUSED:
-        return ONESHOT_FUSED if nbytes <= limits.fused_max else None
-    if nbytes <= limits.oneshot_max:
-        return ONESHOT
-    if (
-        limits.twoshot_max > 0
-        and invocation.dtype == torch.bfloat16
-        and nbytes <= limits.twoshot_max
-        and _row_major(invocation.shape, invocation.strides)
-        and numel % (world_size * limits.twoshot_row_elems) == 0
-    ):
-        return TWOSHOT
-    return None
+    return _pcie().AllReduce(group, device=device, limits=limits)
 
 
 # --- the fused fallback ---------------------------------------------------------------
@@ -156,8 +115,8 @@ class PcieAllReduce:
     Parameters
     ----------
     group
-        The TP group's device (NCCL) process group; the runtime is built
-        collectively over it. None: no runtime (index only).
+        The TP group's process group; the runtime is built collectively over
+        it. None: no runtime (index only).
     device
         This rank's CUDA device.
     world_size
@@ -165,12 +124,13 @@ class PcieAllReduce:
     runtime
         An already-built runtime to use instead of building one.
     limits
-        Route byte ceilings; default :meth:`Limits.from_env`.
+        Route byte ceilings (:class:`b12x.comm.pcie.allreduce.Limits`); default
+        ``Limits.from_env(env)``.
     env
-        Where :meth:`Limits.from_env` reads the knobs (default ``os.environ``).
+        Where the limits are read from (default ``os.environ``).
 
-    If the runtime cannot be built, the adapter is disabled (logged, no
-    exception): every admission declines to the next backend.
+    If the runtime cannot be built or disables itself, so does the adapter
+    (logged, no exception): every admission declines to the next backend.
     """
 
     def __init__(
@@ -180,12 +140,14 @@ class PcieAllReduce:
         *,
         world_size: int | None = None,
         runtime: Any = None,
-        limits: Limits | None = None,
+        limits: Any = None,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else None
         if self.device is not None and self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if limits is None and runtime is None:
+            limits = _runtime_module().Limits.from_env(env)
         if world_size is None:
             if runtime is not None:
                 world_size = int(runtime.world_size)
@@ -194,23 +156,25 @@ class PcieAllReduce:
             else:
                 world_size = 1
         self.world_size = world_size
-        self.limits = limits if limits is not None else Limits.from_env(world_size, env)
+        self.limits = limits if limits is not None else getattr(runtime, "limits", None)
         self._describers: list[list[Any]] = []
         self._invocations: dict[str, Any] = {}
         self._plans: dict[str, Any] = {}
         self._routes: dict[str, str] = {}
-        self._route_of_plan: dict[int, str] = {}
         self._index: Any = None
         self._capturing = False
-        self._capture_stream: Any = None
         if runtime is None and group is not None:
             try:
                 runtime = _build_runtime(group, self.device, self.limits)
-            except Exception as e:  # every rank reaches the same verdict inside the runtime
+            except Exception as e:  # the runtime agrees its verdict over the group itself
                 logger.warning("b12x PCIe all-reduce disabled: %s", e)
                 runtime = None
         self.runtime = runtime
-        self.disabled = runtime is None or bool(getattr(runtime, "disabled", False))
+        self.disabled = runtime is None or not runtime.enabled
+        if runtime is not None and self.disabled:
+            logger.warning(
+                "b12x PCIe all-reduce disabled: %s", getattr(runtime, "disabled_reason", None)
+            )
 
     # --- describers and declaration ------------------------------------------------------
 
@@ -229,11 +193,9 @@ class PcieAllReduce:
         self._describers.append([weakref.ref(owner), describe])
 
     def _live_describers(self) -> list[Callable[[Any], Sequence[Any]]]:
-        live = []
-        kept = []
+        live, kept = [], []
         for entry in self._describers:
-            owner = entry[0]()
-            describe = entry[1]
+            owner, describe = entry[0](), entry[1]
             if isinstance(describe, weakref.WeakMethod):
                 describe = describe()
             if owner is None or describe is None:
@@ -265,8 +227,7 @@ class PcieAllReduce:
         """Declares what the describers produce for ``workload``; returns name -> route.
 
         Only the ``"weights"`` stage (or a workload without a stage) declares.
-        Undeclared or unrouted shapes decline at run time. Collective: every
-        rank must call it with the same declarations.
+        Collective: every rank must call it with the same declarations.
         """
         if getattr(workload, "stage", "weights") != "weights":
             return {}
@@ -274,51 +235,38 @@ class PcieAllReduce:
         return dict(self._routes)
 
     def declare(self, invocations: Sequence[Any]) -> None:
-        """Routes ``invocations``, prepares plans and replaces the index snapshot."""
-        routed = []
-        for inv in invocations:
-            route = route_invocation(inv, self.world_size, self.limits)
-            if route is not None:
-                routed.append((inv, route))
+        """Routes ``invocations``, prepares plans and replaces the index snapshot.
+
+        With a runtime, it routes and prepares (equal declarations share one
+        plan). Without one, the plan of a routed declaration is its route name.
+        """
+        invocations = list(invocations)
         if self.runtime is not None and not self.disabled:
-            # TODO(collectives): AllReduce.declare's return shape; assumed one plan
-            # (or None: the runtime declines) per invocation, equal keys sharing one.
-            plans = list(self.runtime.declare([inv for inv, _ in routed]))
+            self.runtime.declare(invocations)
+            pairs = [(inv, plan, plan.route) for inv, plan in self.runtime.declared_plans]
         else:
-            plans = [route for _, route in routed]  # index only: a plan is its route name
-        self._invocations = {}
-        self._plans = {}
-        self._routes = {}
-        for (inv, route), plan in zip(routed, plans, strict=True):
-            if plan is None:
-                continue
-            self._invocations[inv.name] = inv
-            self._plans[inv.name] = plan
-            self._routes[inv.name] = route
+            if self.limits is None:
+                raise ConfigError("PcieAllReduce.declare: limits expected, got None")
+            route = _runtime_module().route
+            pairs = []
+            for inv in invocations:
+                shape = tuple(inv.shape)
+                strides = None if inv.strides is None else tuple(inv.strides)
+                name = route(inv.operation, shape, inv.dtype, strides, self.world_size, self.limits)
+                if name is not None:
+                    pairs.append((inv, name, name))
+        self._invocations = {inv.name: inv for inv, _, _ in pairs}
+        self._plans = {inv.name: plan for inv, plan, _ in pairs}
+        self._routes = {inv.name: route for inv, _, route in pairs}
         self._index_declared_plans()
 
     def _index_declared_plans(self) -> None:
         """Rebuilds the index from ``_invocations`` / ``_plans``: first declaration wins."""
         if self._index is None:
             self._index = _pcie().DeclaredPlanIndex()
-        pairs = [(inv, self._plans[name]) for name, inv in self._invocations.items()]
-        self._index.rebuild(pairs)
-        self._route_of_plan = {
-            id(self._plans[name]): route for name, route in reversed(self._routes.items())
-        }
+        self._index.rebuild([(inv, self._plans[name]) for name, inv in self._invocations.items()])
 
     # --- lookups -------------------------------------------------------------------------
-
-    def _lookup_plan(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-    ) -> Any:
-        if self._index is None:
-            return None
-        return self._index.lookup(inp, operation, weight, epsilon)
 
     def has_plan_for(
         self,
@@ -366,45 +314,27 @@ class PcieAllReduce:
 
     # --- admission and dispatch ---------------------------------------------------------
 
-    def _runtime_stream(self) -> Any:
-        """The capture stream while capturing on it, else None (the runtime's default)."""
-        if self._capturing and self._current_stream() == self._capture_stream:
-            return self._capture_stream
-        return None
-
-    def _current_stream(self) -> Any:
-        return torch.cuda.current_stream(self.device)
-
-    def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> Any:
+    def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> bool:
         index = self._index
         if self.disabled or index is None:
-            return None
-        plan = index.lookup(inp, operation, weight, epsilon)
-        if plan is None:
-            return None
-        # The key fixes shape, dtype and strides; the address and device are live.
-        if inp.device != self.device or inp.data_ptr() % 16:
-            return None
-        return plan
+            return False
+        if index.lookup(inp, operation, weight, epsilon) is None:
+            return False
+        # The key fixes shape, dtype and strides; the device and address are live.
+        return inp.device == self.device and inp.data_ptr() % 16 == 0
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """True when :meth:`custom_all_reduce` will take ``inp`` (declared, on a route)."""
-        return self._admit(inp, PLAIN, None, None) is not None
-
-    def _run(self, inp: torch.Tensor, plan: Any, out: torch.Tensor | None) -> torch.Tensor:
-        if out is None and self._route_of_plan.get(id(plan)) == TWOSHOT:
-            out = torch.empty_like(inp)  # two-shot writes a caller-owned output, also in graphs
-        return self.runtime.all_reduce(inp, plan=plan, out=out, stream=self._runtime_stream())
+        return self._admit(inp, PLAIN, None, None)
 
     def custom_all_reduce(self, inp: torch.Tensor) -> torch.Tensor | None:
         """The all-reduced ``inp`` (a new tensor), or None to decline to the next backend."""
-        plan = self._admit(inp, PLAIN, None, None)
-        if plan is None:
+        if not self._admit(inp, PLAIN, None, None):
             return None
-        return self._run(inp, plan, None)
+        return self.runtime.all_reduce(inp)
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        """All-reduces ``inp`` on its declared plan.
+        """All-reduces ``inp`` on its declared plan into ``out`` (default: a new tensor).
 
         Raises
         ------
@@ -414,7 +344,8 @@ class PcieAllReduce:
         """
         if self.disabled:
             raise ConfigError("PcieAllReduce.all_reduce: runtime expected enabled, got disabled")
-        return self._run(inp, self.plan_for(inp), out)
+        self.plan_for(inp)  # the precise error for an undeclared call
+        return self.runtime.all_reduce(inp, out)
 
     def try_fused_add_rms_norm(
         self,
@@ -436,6 +367,7 @@ class PcieAllReduce:
             or residual.dtype != inp.dtype
             or residual.device != inp.device
             or not residual.is_contiguous()
+            or residual.data_ptr() % 16
             or weight.ndim != 1
             or weight.shape[0] != inp.shape[-1]
             or weight.dtype != inp.dtype
@@ -444,19 +376,9 @@ class PcieAllReduce:
             or inp.data_ptr() == residual.data_ptr()
         ):
             return False
-        plan = self._admit(inp, FUSED, weight, epsilon)
-        if plan is None:
+        if not self._admit(inp, FUSED, weight, epsilon):
             return False
-        self.runtime.fused_add_rms_norm(
-            inp,
-            residual,
-            weight,
-            epsilon,
-            plan=plan,
-            out=inp,
-            residual_out=residual,
-            stream=self._runtime_stream(),
-        )
+        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon)
         return True
 
     def fused_all_reduce_add_rms_norm(
@@ -467,7 +389,7 @@ class PcieAllReduce:
         epsilon: float,
         fallback_all_reduce: Callable[[torch.Tensor], torch.Tensor],
     ) -> None:
-        """The fused op with its fallback: same observable result either way.
+        """The fused op with its fallback: the same observable result either way.
 
         Falls back to ``inp <- fallback_all_reduce(inp)`` then
         :func:`add_rms_norm_` when the fast path declines.
@@ -480,11 +402,12 @@ class PcieAllReduce:
     # --- graphs and teardown ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def capture(self, stream: Any = None) -> Iterator[None]:
-        """Context for a CUDA graph capture on ``stream`` (default: the current one).
+    def capture(self) -> Iterator[None]:
+        """Context around a CUDA graph capture (enter it on the capture stream).
 
-        While inside, runs on that stream go to the runtime with it; the
-        previous state comes back on exit, also when the body raises.
+        Kernels launch on torch's current stream, so captured calls land in
+        the graph. The previous state comes back on exit, also when the body
+        raises.
 
         Raises
         ------
@@ -498,15 +421,13 @@ class PcieAllReduce:
             raise UndeclaredPlanError(
                 "PcieAllReduce.capture: declared plans expected before capture, got none"
             )
-        if stream is None:
-            stream = self._current_stream()
-        previous = (self._capturing, self._capture_stream)
-        self._capturing, self._capture_stream = True, stream
+        previous = self._capturing
+        self._capturing = True
         try:
-            with self.runtime.capture(stream=stream):
+            with self.runtime.capture():
                 yield
         finally:
-            self._capturing, self._capture_stream = previous
+            self._capturing = previous
 
     def close(self) -> None:
         """Releases the runtime and forgets every declaration; idempotent."""
@@ -516,7 +437,6 @@ class PcieAllReduce:
         self._invocations = {}
         self._plans = {}
         self._routes = {}
-        self._route_of_plan = {}
         if self._index is not None:
             self._index.clear()
         self.disabled = True
