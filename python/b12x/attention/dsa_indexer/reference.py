@@ -140,7 +140,7 @@ def candidate_mask(
 ) -> torch.Tensor:
     """Bool ``[rows, width * 64]``: position ``t`` is below the row's limit and on a
     mapped page (page id >= 0)."""
-    rows, width = page_table.shape
+    width = page_table.shape[1]
     n = candidate_limits(page_table, cache_lengths, active_width)
     t = torch.arange(width * PAGE_SIZE, device=page_table.device)
     below = t[None, :] < n[:, None].to(page_table.device)
@@ -391,7 +391,9 @@ def assert_topk_equivalent(
             boundary = float(logits[r, ref[-1]])
             diff = set(pos.tolist()) ^ set(ref.tolist())
             far = [
-                t for t in sorted(diff) if not _near(float(logits[r, t]), boundary, tie_atol, tie_rtol)
+                t
+                for t in sorted(diff)
+                if not _near(float(logits[r, t]), boundary, tie_atol, tie_rtol)
             ]
             if far:
                 vals = [float(logits[r, t]) for t in far[:8]]
