@@ -36,8 +36,9 @@ def make_inputs(
     cache = ref.pack_index_k_cache(k_fp8, scales, page_stride=page_stride)
     q = (torch.randn((rows, heads, ref.HEAD_DIM), generator=g) * 4).to(torch.float8_e4m3fn)
     weights = torch.randn((rows, heads), generator=g) * heads**-0.5
-    table = torch.stack([torch.randperm(pages, generator=g)[:width] for _ in range(table_rows)])
-    table = table.to(torch.int32)
+    table = torch.zeros((table_rows, width), dtype=torch.int32)
+    for r in range(table_rows):
+        table[r] = torch.randperm(pages, generator=g)[:width]
     for r, c in unmapped:
         table[r, c] = -1
     if mode == "prefill":

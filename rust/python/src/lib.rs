@@ -5,6 +5,7 @@ mod error;
 mod indexer;
 mod runtime;
 mod tensor;
+mod torch_abi;
 
 use pyo3::prelude::*;
 

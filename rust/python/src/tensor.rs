@@ -1,9 +1,11 @@
 //! Reading tensor metadata off Python objects.
 //!
 //! Two paths, one result (`TensorMeta`):
-//! * torch tensors: a handful of attribute reads (dtype by identity against
-//!   cached dtype objects, `shape`, `stride()`, `data_ptr()`, `is_cuda`/`is_cpu`,
-//!   `get_device()`); no capsule, no allocation on the torch side.
+//! * torch tensors: PyTorch's stable C shim when it is usable (see
+//!   [`crate::torch_abi`], ~0.1 us), otherwise a handful of attribute reads
+//!   (dtype by identity against cached dtype objects, `shape`, `stride()`,
+//!   `data_ptr()`, `is_cuda`/`is_cpu`, `get_device()`); no capsule, no
+//!   allocation on the torch side.
 //!   `torch.Tensor.__dlpack__` costs several microseconds because it builds a
 //!   managed tensor and a capsule (see `b12x bench extract`).
 //! * any other `__dlpack__` producer (numpy, cupy, ...): the legacy
@@ -19,6 +21,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 use crate::error::{PyB12xErr, PyB12xResult};
+use crate::torch_abi;
 
 struct TorchCache {
     tensor_type: Py<PyType>,
@@ -93,6 +96,15 @@ pub fn extract(
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
     if is_torch_tensor(obj) {
+        if let Some(meta) = torch_abi::extract(obj) {
+            if torch_abi::unchecked() {
+                // first use: trust the shim only if it agrees with torch's own getters
+                let attrs = extract_torch(obj, op, operand)?;
+                torch_abi::set_checked(attrs == meta);
+                return Ok(attrs);
+            }
+            return Ok(meta);
+        }
         return extract_torch(obj, op, operand);
     }
     if obj.hasattr(intern!(obj.py(), "__dlpack__"))? {
@@ -346,7 +358,15 @@ fn validate_operand(
     Ok(check.byte_extent()?)
 }
 
+/// Whether torch metadata comes through PyTorch's C shim: "unchecked",
+/// "trusted" (in use) or "off" (attribute reads).
+#[pyfunction]
+fn torch_shim_state() -> &'static str {
+    torch_abi::state()
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(torch_shim_state, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_meta, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_meta_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(validate_operand, m)?)?;
