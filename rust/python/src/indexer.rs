@@ -497,9 +497,15 @@ fn build_plan(py: Python<'_>, caps: &PyCaps) -> PyB12xResult<Py<PyPlan>> {
     Ok(Py::new(py, out)?)
 }
 
-/// The interned plan for ``caps``. Equal caps (after bucketing rows and
-/// width) return the same object; a hit takes no lock. On a CUDA device the
-/// first plan loads b12x's kernels there (the GIL is released meanwhile).
+/// The interned plan for ``caps``: equal caps return the same object, from a
+/// lock-free cache (a hit is one atomic load and a hash probe).
+///
+/// Rows and page-table width are rounded up to buckets first (exact up to 8,
+/// then the next m*2^k with m in {4, 5, 6, 7}: at most 25% more, powers of
+/// two exact), so a plan for capacity C serves every call <= C and varying
+/// live sizes make O(log) plans. On a CUDA device the first plan loads
+/// b12x's kernels there (the GIL is released meanwhile); nothing is cached
+/// when that fails.
 #[pyfunction]
 fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyPlan>> {
     let caps = caps.get();

@@ -80,12 +80,19 @@ fn not_a_tensor(obj: &Bound<'_, PyAny>, op: &'static str, operand: &str) -> PyB1
 
 /// True when `obj` is a torch.Tensor (or subclass); cheap once torch is imported.
 pub fn is_torch_tensor(obj: &Bound<'_, PyAny>) -> bool {
-    match torch_cache(obj.py()) {
-        Some(torch) => {
-            let ty = torch.tensor_type.bind(obj.py());
-            obj.get_type().is(ty) || obj.is_instance(ty).unwrap_or(false)
-        }
-        None => false,
+    torch_kind(obj).is_some()
+}
+
+/// None: not a torch tensor; Some(true): exactly torch.Tensor; Some(false): a subclass.
+fn torch_kind(obj: &Bound<'_, PyAny>) -> Option<bool> {
+    let torch = torch_cache(obj.py())?;
+    let ty = torch.tensor_type.bind(obj.py());
+    if obj.get_type().is(ty) {
+        Some(true)
+    } else if obj.is_instance(ty).unwrap_or(false) {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -95,8 +102,9 @@ pub fn extract(
     op: &'static str,
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
-    if is_torch_tensor(obj) {
-        if let Some(meta) = torch_abi::extract(obj) {
+    if let Some(exact) = torch_kind(obj) {
+        // subclasses may override metadata in Python: they take the attribute path
+        if let Some(meta) = exact.then(|| torch_abi::extract(obj)).flatten() {
             if torch_abi::unchecked() {
                 // first use: trust the shim only if it agrees with torch's own getters
                 let attrs = extract_torch(obj, op, operand)?;

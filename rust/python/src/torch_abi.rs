@@ -7,6 +7,9 @@
 //! tensor's `TensorImpl*`) plus seven C calls into the AOTInductor shim,
 //! which PyTorch keeps ABI-stable, give the same facts in ~0.1 us.
 //!
+//! Used for exact `torch.Tensor` instances only: a subclass may override
+//! metadata in Python, so it takes the attribute path.
+//!
 //! Assumptions, each checked or contained:
 //! * the shim lives in `torch/lib/libtorch_cpu.so`, already loaded by
 //!   `import torch` (opened with `RTLD_NOLOAD`, so never loaded twice);
