@@ -523,6 +523,17 @@ mod tests {
     }
 
     #[test]
+    fn launch_args_have_a_fixed_c_layout() {
+        // a kernel-side mirror struct may rely on these offsets
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(IndexerArgs, topk), 16);
+        assert_eq!(offset_of!(IndexerArgs, q), 24);
+        assert_eq!(offset_of!(IndexerArgs, page_stride), 48);
+        assert_eq!(offset_of!(IndexerArgs, scratch), 104);
+        assert_eq!(size_of::<IndexerArgs>(), 112);
+    }
+
+    #[test]
     fn zero_rows_bind_and_no_scores_gives_zero_pointer() {
         let p = plan(Mode::Decode, IndexSpace::Logical);
         let f = fixture(0, 3);
