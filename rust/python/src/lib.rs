@@ -2,8 +2,10 @@
 //! the logic lives in b12x-core and b12x-cuda.
 
 mod error;
+mod indexer;
 mod runtime;
 mod tensor;
+mod torch_abi;
 
 use pyo3::prelude::*;
 
@@ -11,6 +13,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
+    indexer::register(m)?;
     tensor::register(m)?;
     Ok(())
 }
