@@ -123,7 +123,9 @@ def test_logical_slot_contract(module, workspace):
     assert bound["output_indices"] is inputs["output"]
     assert bound["output_scores"] is scores
     assert bound["active_width"] is active_width
-    assert bound["page_table"] is inputs["block_table"]
+    # A shared (prefill) table is read through its first row, stride 0: no copy.
+    assert bound["page_table"].stride() == (0, 1)
+    assert bound["page_table"].data_ptr() == inputs["block_table"].data_ptr()
     assert bound["cache_lengths"] is inputs["seq_lens"]
     assert bound["q_fp8"] is inputs["q"]
     # untouched before run

@@ -335,8 +335,10 @@ class C4SparseIndexer(torch.nn.Module):
         seq_lens
             int32 ``[rows]``: visible compressed K rows per query row.
         block_table
-            int32 ``[rows, width]`` page ids; with ``shared_page_table`` a
-            stride-0 ``[1, width].expand(rows, width)`` view.
+            int32 ``[rows, width]`` page ids. With ``shared_page_table`` (one
+            request, prefill) every row reads the first row's pages: a
+            stride-0 ``[1, width].expand(rows, width)`` view is used as is, any
+            other table through such a view of its first row.
         output, scores
             int32 / float32 ``[rows, topk]``; written by the library, never here.
         active_width
@@ -350,7 +352,8 @@ class C4SparseIndexer(torch.nn.Module):
             (scores: float32). The library's ``bind`` checks everything else.
         """
         op = "C4SparseIndexer.run_paged_topk"
-        expected = (int(q.shape[0]), self.topk_tokens)
+        rows = int(q.shape[0])
+        expected = (rows, self.topk_tokens)
         if tuple(output.shape) != expected:
             raise ShapeError(f"{op}: output expected shape {expected}, got {tuple(output.shape)}")
         if scores is not None:
@@ -360,6 +363,8 @@ class C4SparseIndexer(torch.nn.Module):
                 )
             if scores.dtype != torch.float32:
                 raise DTypeError(f"{op}: scores expected float32, got {scores.dtype}")
+        if shared_page_table and block_table.ndim == 2 and block_table.stride(0) != 0:
+            block_table = block_table[:1].expand(rows, block_table.shape[1])
         self._select(
             q,
             weights,
