@@ -414,3 +414,31 @@ def test_importing_the_adapters_does_not_import_vllm():
     code = "import sys, b12x.integration.vllm; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_forward_selection_matches_the_reference(monkeypatch):
+    dsa_indexer = pytest.importorskip("b12x.attention.dsa_indexer")
+    from b12x._demo.model import (
+        GrowingWorkspace,
+        IndexProjections,
+        Shape,
+        build_batch,
+        check_selection,
+        forward_context,
+    )
+
+    monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: dsa_indexer)
+    layer = IndexProjections(Shape(hidden=128, index_heads=16))
+    batch = build_batch(layer, dsa_indexer.reference, [300, 2999], [(700, 3)], torch.device("cpu"))
+    workspace = GrowingWorkspace(torch.device("cpu"))
+    context = forward_context(batch, CacheHolder(batch.cache).prefix)
+    indexer = make_indexer(
+        cache=batch.cache,
+        buffer_rows=5,
+        max_model_len=1024,
+        workspace_manager=lambda: workspace,
+        forward_context=lambda: context,
+    )
+    out = indexer(None, batch.q_fp8, None, batch.weights)
+    check_selection(dsa_indexer.reference, batch, out, TOPK)
+    assert int((out[0] >= 0).sum()) == 301 // 4  # C4 causality: (p + 1) // 4 rows visible
