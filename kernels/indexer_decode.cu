@@ -1,0 +1,260 @@
+// Paged decode scorer: one page-table row per query row.
+//
+// logits[r, t - chunk_start] = scale[t] * sum_h w[r,h] * relu(q[r,h,:] . k[t,:])
+// for the chunk's live tokens t < min(len_r, active_width, width * 64).
+// Tokens on a page whose id is negative are not candidates (IDX_NOT_CANDIDATE).
+//
+// Grid (ceil(chunk_pages / pages_per_cta), rows), 4 warps; each warp owns
+// whole pages (strided by 4 inside the CTA's page range), keeps the next
+// tiles' loads in flight while it multiplies the current one, and holds the
+// row's Q fragments and weights in registers. Work stops at the live length.
+//
+// Two flavors with the same results (FP8 products are exact in f32):
+//   e4m3: K tokens as the A operand of mma m16n8k32.e4m3 (native on sm_89 and
+//         sm_120), Q as B;
+//   f16:  Q (converted to f16 once) as the A operand of mma m16n8k16.f16, K
+//         tokens as B, converted per 8-token tile (sm_90 has no e4m3 mma.sync).
+#include "indexer_common.cuh"
+
+#define DECODE_WARPS 4
+#define DECODE_MAX_PAGES_PER_CTA 256
+
+template <int NT>
+__device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
+    const u32 r = blockIdx.y;
+    const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
+    if (live <= p.chunk_start) return;
+    const u32 n_chunk = min(live - p.chunk_start, p.chunk_len);
+    const u32 chunk_pages = (n_chunk + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
+    const u32 page0 = blockIdx.x * p.pages_per_cta;
+    if (page0 >= chunk_pages) return;
+    const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
+
+    __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
+    const i32* pt = p.page_table + (u64)r * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x) pids[i] = pt[page0 + i];
+    __syncthreads();
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 gid = lane >> 2, tig = lane & 3;
+
+    // Q fragments (B operand: column = head) and this lane's two weights per n-tile.
+    Row32 qf[NT];
+    float w0[NT], w1[NT];
+    const u8* qrow = p.q + (u64)r * p.heads * IDX_HEAD_DIM;
+    const float* wrow = p.weights + (u64)r * p.heads;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const u32 head = n * 8 + gid;
+        qf[n] = head < p.heads ? load_row32(qrow + (u64)head * IDX_HEAD_DIM, tig) : zero_row32();
+        const u32 h0 = n * 8 + tig * 2;
+        w0[n] = h0 < p.heads ? wrow[h0] : 0.0f;
+        w1[n] = h0 + 1 < p.heads ? wrow[h0 + 1] : 0.0f;
+    }
+
+    float* out = p.logits + (u64)r * p.logits_row_stride;
+    const float skip = idx_not_candidate();
+    // This lane's output token inside an m-tile (lanes tig 0/1 store rows gid / gid + 8).
+    const u32 my_tok = gid + 8 * (tig & 1);
+
+    KTile kt[4];
+    float sc[4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+        kt[m].r0 = zero_row32();
+        kt[m].r1 = zero_row32();
+        sc[m] = 0.0f;
+    }
+    auto load_page = [&](u32 pg, i32 pid) {
+        const u8* base = p.kcache + (u64)pid * p.page_stride;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const u32 t0 = pg * IDX_PAGE_ROWS + m * 16;
+            if (pid >= 0 && t0 < n_chunk) {
+                const u8* rows = base + (u64)(m * 16 + gid) * IDX_HEAD_DIM;
+                kt[m].r0 = load_row32_stream(rows, tig);
+                kt[m].r1 = load_row32_stream(rows + 8 * IDX_HEAD_DIM, tig);
+                sc[m] = __ldg(reinterpret_cast<const float*>(base + IDX_SCALE_OFFSET) + m * 16 +
+                              my_tok);
+            }
+        }
+    };
+
+    u32 pg = page0 + warp;
+    if (pg >= page_end) return;
+    i32 pid = pids[pg - page0];
+    load_page(pg, pid);
+    while (true) {
+        const u32 next = pg + DECODE_WARPS;
+        const bool has_next = next < page_end;
+        const i32 next_pid = has_next ? pids[next - page0] : -1;
+        // Branch-free body (the shuffles stay convergent); a tile past the live
+        // length (only in the last page) or on an unmapped page is computed on
+        // stale registers and not stored / stored as "not a candidate".
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const u32 t0 = pg * IDX_PAGE_ROWS + m * 16;
+            float acc[NT][4];
+            mma_tile<NT>(acc, kt[m], qf);
+            const float scale = sc[m];
+            // Refill this slot with the next page's tile while the MMAs run.
+            if (has_next && next_pid >= 0 && next * IDX_PAGE_ROWS + m * 16 < n_chunk) {
+                const u8* base = p.kcache + (u64)next_pid * p.page_stride;
+                const u8* rows = base + (u64)(m * 16 + gid) * IDX_HEAD_DIM;
+                kt[m].r0 = load_row32_stream(rows, tig);
+                kt[m].r1 = load_row32_stream(rows + 8 * IDX_HEAD_DIM, tig);
+                sc[m] = __ldg(reinterpret_cast<const float*>(base + IDX_SCALE_OFFSET) + m * 16 +
+                              my_tok);
+            }
+            float lo = 0.0f, hi = 0.0f;
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+                lo = fmaf(relu_nan(acc[n][0]), w0[n], lo);
+                lo = fmaf(relu_nan(acc[n][1]), w1[n], lo);
+                hi = fmaf(relu_nan(acc[n][2]), w0[n], hi);
+                hi = fmaf(relu_nan(acc[n][3]), w1[n], hi);
+            }
+            lo += __shfl_xor_sync(0xffffffffu, lo, 1);
+            hi += __shfl_xor_sync(0xffffffffu, hi, 1);
+            lo += __shfl_xor_sync(0xffffffffu, lo, 2);
+            hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+            const float v = pid >= 0 ? ((tig & 1) ? hi : lo) * scale : skip;
+            const u32 t = t0 + my_tok;
+            if (tig < 2 && t < n_chunk) out[t] = v;
+        }
+        if (!has_next) break;
+        pg = next;
+        pid = next_pid;
+    }
+}
+
+// f16 flavor. A page is 8 tiles of 8 tokens; a warp walks its tiles with
+// RING of them in flight. MT = heads / 16 head tiles.
+template <int MT, int RING>
+__device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
+    const u32 r = blockIdx.y;
+    const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
+    if (live <= p.chunk_start) return;
+    const u32 n_chunk = min(live - p.chunk_start, p.chunk_len);
+    const u32 chunk_pages = (n_chunk + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
+    const u32 page0 = blockIdx.x * p.pages_per_cta;
+    if (page0 >= chunk_pages) return;
+    const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
+
+    __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
+    const i32* pt = p.page_table + (u64)r * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x) pids[i] = pt[page0 + i];
+    __syncthreads();
+
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 gid = lane >> 2, tig = lane & 3;
+    if (page0 + warp >= page_end) return;
+    const u32 my_pages = (page_end - page0 - warp + DECODE_WARPS - 1) / DECODE_WARPS;
+    const u32 tiles = my_pages * 8;
+
+    // Q of heads 16 mt + gid and 16 mt + 8 + gid as f16 A fragments.
+    AFragF16 qa[MT][8];
+    float wa[MT], wb[MT];
+    const u8* qrow = p.q + (u64)r * p.heads * IDX_HEAD_DIM;
+    const float* wrow = p.weights + (u64)r * p.heads;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const u32 h0 = mt * 16 + gid, h1 = h0 + 8;
+        const Row32 q0 = h0 < p.heads ? load_row32(qrow + (u64)h0 * IDX_HEAD_DIM, tig) : zero_row32();
+        const Row32 q1 = h1 < p.heads ? load_row32(qrow + (u64)h1 * IDX_HEAD_DIM, tig) : zero_row32();
+#pragma unroll
+        for (int j = 0; j < 8; ++j) qa[mt][j] = a_frag_f16(q0, q1, j);
+        wa[mt] = h0 < p.heads ? wrow[h0] : 0.0f;
+        wb[mt] = h1 < p.heads ? wrow[h1] : 0.0f;
+    }
+
+    float* out = p.logits + (u64)r * p.logits_row_stride;
+    const float skip = idx_not_candidate();
+
+    Row32 kb[RING];
+    float2 sc[RING];
+#pragma unroll
+    for (int j = 0; j < RING; ++j) {
+        kb[j] = zero_row32();
+        sc[j] = make_float2(0.0f, 0.0f);
+    }
+    // Tile u of this warp: page page0 + warp + (u / 8) * WARPS, tokens (u % 8) * 8 ...
+    auto tile_page = [&](u32 u) { return page0 + warp + (u >> 3) * DECODE_WARPS; };
+    auto load_tile = [&](u32 u, int slot) {
+        const u32 pg = tile_page(u);
+        const u32 sub = u & 7;
+        const i32 pid = pids[pg - page0];
+        if (pid >= 0 && pg * IDX_PAGE_ROWS + sub * 8 < n_chunk) {
+            const u8* base = p.kcache + (u64)pid * p.page_stride;
+            kb[slot] = load_row32_stream(base + (u64)(sub * 8 + gid) * IDX_HEAD_DIM, tig);
+            sc[slot] = __ldg(reinterpret_cast<const float2*>(base + IDX_SCALE_OFFSET) + sub * 4 + tig);
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < RING; ++j) load_tile(j, j);
+
+    for (u32 u = 0; u < tiles; u += RING) {
+#pragma unroll
+        for (int j = 0; j < RING; ++j) {
+            const u32 uu = u + j;
+            const u32 pg = tile_page(uu);
+            const u32 t0 = pg * IDX_PAGE_ROWS + (uu & 7) * 8;
+            const i32 pid = pids[pg - page0];
+            // Branch-free body, as in the e4m3 flavor.
+            float acc[MT][4];
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                u32 b0, b1;
+                cvt_e4m3x4(row32_w(kb[j], k), b0, b1);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const AFragF16& a = qa[mt][k];
+                    if (k == 0)
+                        mma_f16_zero(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
+                    else
+                        mma_f16(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
+                }
+            }
+            const float2 scale = sc[j];
+            if (uu + RING < tiles) load_tile(uu + RING, j);
+            // C: rows = heads (gid, gid + 8), columns = tokens tig*2, tig*2 + 1.
+            float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                s0 = fmaf(relu_nan(acc[mt][0]), wa[mt], s0);
+                s1 = fmaf(relu_nan(acc[mt][1]), wa[mt], s1);
+                s0 = fmaf(relu_nan(acc[mt][2]), wb[mt], s0);
+                s1 = fmaf(relu_nan(acc[mt][3]), wb[mt], s1);
+            }
+#pragma unroll
+            for (int d = 4; d < 32; d <<= 1) {
+                s0 += __shfl_xor_sync(0xffffffffu, s0, d);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, d);
+            }
+            const float v0 = pid >= 0 ? s0 * scale.x : skip;
+            const float v1 = pid >= 0 ? s1 * scale.y : skip;
+            const u32 t = t0 + tig * 2;
+            if (gid == 0 && t0 < n_chunk) {
+                if (t + 1 < n_chunk)
+                    *reinterpret_cast<float2*>(out + t) = make_float2(v0, v1);
+                else if (t < n_chunk)
+                    out[t] = v0;
+            }
+        }
+    }
+}
+
+#define DECODE_KERNELS(HEADS, NT, MT, RING)                                          \
+    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
+        b12x_indexer_decode_e4m3_h##HEADS(const ScoreParams p) {                     \
+        decode_score_e4m3<NT>(p);                                                    \
+    }                                                                                \
+    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
+        b12x_indexer_decode_f16_h##HEADS(const ScoreParams p) {                      \
+        decode_score_f16<MT, RING>(p);                                               \
+    }
+
+DECODE_KERNELS(16, 2, 1, 8)
+DECODE_KERNELS(32, 4, 2, 8)
+DECODE_KERNELS(48, 6, 3, 4)
+DECODE_KERNELS(64, 8, 4, 4)
