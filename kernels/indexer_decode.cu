@@ -4,7 +4,7 @@
 // for the chunk's live tokens t < min(len_r, active_width, width * 64).
 // Tokens on a page whose id is negative are not candidates (IDX_NOT_CANDIDATE).
 //
-// Grid (ceil(chunk_pages / pages_per_cta), rows), 4 warps; each warp owns
+// Grid (rows, ceil(chunk_pages / pages_per_cta)), 4 warps; each warp owns
 // whole pages (strided by 4 inside the CTA's page range), keeps the next
 // tiles' loads in flight while it multiplies the current one, and holds the
 // row's Q fragments and weights in registers. Work stops at the live length.
@@ -21,12 +21,12 @@
 
 template <int NT>
 __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
-    const u32 r = blockIdx.y;
+    const u32 r = blockIdx.x;
     const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
     if (live <= p.chunk_start) return;
     const u32 n_chunk = min(live - p.chunk_start, p.chunk_len);
     const u32 chunk_pages = (n_chunk + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
-    const u32 page0 = blockIdx.x * p.pages_per_cta;
+    const u32 page0 = blockIdx.y * p.pages_per_cta;
     if (page0 >= chunk_pages) return;
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
 
@@ -132,12 +132,12 @@ __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
 // RING of them in flight. MT = heads / 16 head tiles.
 template <int MT, int RING>
 __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
-    const u32 r = blockIdx.y;
+    const u32 r = blockIdx.x;
     const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
     if (live <= p.chunk_start) return;
     const u32 n_chunk = min(live - p.chunk_start, p.chunk_len);
     const u32 chunk_pages = (n_chunk + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
-    const u32 page0 = blockIdx.x * p.pages_per_cta;
+    const u32 page0 = blockIdx.y * p.pages_per_cta;
     if (page0 >= chunk_pages) return;
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
 

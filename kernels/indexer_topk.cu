@@ -453,10 +453,10 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_fold(const
     select_to_dest(p, r, rc, src, sm);
 }
 
-// Grid (slices, rows): the top-k of one slice of this chunk's logits.
+// Grid (rows, slices): the top-k of one slice of this chunk's logits.
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_slice(const TopkParams p) {
     __shared__ TopkSmem sm;
-    const u32 s = blockIdx.x, r = blockIdx.y;
+    const u32 r = blockIdx.x, s = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
     const u32 start = s * p.slice_len;
     if (rc.n_chunk <= start) return;

@@ -47,3 +47,6 @@ def validate_operand(
 
 # kernels
 def fill_topk_padding(indices: Any, scores: Any | None, stream: int) -> None: ...
+
+# --- indexer kernels (test-only raw launcher; see b12x._indexer_raw) ---
+def _indexer_launch_raw(*args: Any, flavor: int = 0) -> None: ...

@@ -68,6 +68,10 @@ pub struct IndexerLaunch {
     pub route: Route,
     /// Emit `pid * 64 + slot` instead of logical positions.
     pub physical: bool,
+    /// MMA flavor of the scorers; None = the device's best
+    /// ([`MmaFlavor::for_compute_capability`]). Tests force e4m3 on sm_90,
+    /// where the driver emulates it, to cover that code path.
+    pub flavor: Option<MmaFlavor>,
     pub rows: u32,
     pub heads: u32,
     /// Page-table width in pages (the bound tensor's, static).
@@ -271,7 +275,8 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
         return Ok(());
     }
     let modules = loaded(l.device)?;
-    let flavor = MmaFlavor::for_compute_capability(modules.compute_capability);
+    let flavor =
+        l.flavor.unwrap_or_else(|| MmaFlavor::for_compute_capability(modules.compute_capability));
     let sms = modules.multiprocessors;
     let s = l.supertile;
     let chunks = num_chunks(l.width, s).max(1);
@@ -279,7 +284,7 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
     let score_kernel = scorer(l.route, flavor, l.heads);
     let score_config = match l.route {
         Route::PagedDecode => LaunchConfig {
-            grid: ((s / PAGE_ROWS).div_ceil(pages_per_cta), l.rows, 1),
+            grid: (l.rows, (s / PAGE_ROWS).div_ceil(pages_per_cta), 1),
             block: (DECODE_THREADS, 1, 1),
             shared_bytes: 0,
         },
@@ -346,7 +351,8 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
             // SAFETY: as above, TopkParams mirrors the kernels' struct.
             unsafe { launch(l.device, Kernel::IndexerTopkFold, cfg, l.stream, &mut targs)? };
         } else {
-            let cfg = LaunchConfig { grid: (slices, l.rows, 1), block: topk_block, shared_bytes: 0 };
+            let cfg =
+                LaunchConfig { grid: (l.rows, slices, 1), block: topk_block, shared_bytes: 0 };
             // SAFETY: as above.
             unsafe { launch(l.device, Kernel::IndexerTopkSlice, cfg, l.stream, &mut targs)? };
             let cfg = LaunchConfig { grid: (l.rows, 1, 1), block: topk_block, shared_bytes: 0 };
@@ -399,6 +405,7 @@ mod tests {
             stream: 0,
             route: Route::PagedDecode,
             physical: false,
+            flavor: None,
             rows: 2,
             heads: 64,
             width: 16,
@@ -427,7 +434,8 @@ mod tests {
     #[test]
     fn bad_launches_are_refused_with_the_reason() {
         assert!(check(&sample()).is_ok());
-        let cases: [(fn(&mut IndexerLaunch), &str); 7] = [
+        type Mutation = fn(&mut IndexerLaunch);
+        let cases: [(Mutation, &str); 7] = [
             (|l| l.topk = 4, "topk expected one of"),
             (|l| l.heads = 65, "heads expected"),
             (|l| l.supertile = 1000, "supertile expected"),

@@ -2,6 +2,7 @@
 //! the logic lives in b12x-core and b12x-cuda.
 
 mod error;
+mod indexer_kernels;
 mod runtime;
 mod tensor;
 
@@ -11,6 +12,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
+    indexer_kernels::register(m)?;
     tensor::register(m)?;
     Ok(())
 }
