@@ -128,10 +128,51 @@ __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
     }
 }
 
-// f16 flavor. A page is 8 tiles of 8 tokens; a warp walks its tiles with
-// RING of them in flight. MT = heads / 16 head tiles.
-template <int MT, int RING>
+// f16 flavor. A page is 8 tiles of 8 tokens. Each warp streams its tiles
+// through its own shared-memory ring of F16_STAGES tiles with cp.async (deep
+// memory pipelining without spending registers, which hold Q), and works on
+// two tiles per step so two sets of MMA chains overlap. MT = heads / 16.
+#define F16_STAGES 8
+#define F16_TILE_BYTES (8 * IDX_HEAD_DIM)
+#define F16_STAGE_BYTES (F16_TILE_BYTES + 32)  // 8 tokens + their 8 scales
+
+__device__ __forceinline__ void cp_async16_dec(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit_dec() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait_dec() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Token row g's 16-byte chunk c sits at chunk c ^ ((g & 1) << 2) of its
+// 128-byte row: a quarter warp (rows 2i, 2i+1 x chunks tig) hits 32 banks.
+__device__ __forceinline__ u32 tile_swizzle(u32 row, u32 chunk) {
+    return row * IDX_HEAD_DIM + ((chunk ^ ((row & 1) << 2)) << 4);
+}
+
+template <int MT>
+__device__ __forceinline__ void decode_tile_f16(const AFragF16 (&qa)[MT][8], const Row32& kb,
+                                                float (&acc)[MT][4]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        u32 b0, b1;
+        cvt_e4m3x4(row32_w(kb, k), b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const AFragF16& a = qa[mt][k];
+            if (k == 0)
+                mma_f16_zero(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
+            else
+                mma_f16(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
+        }
+    }
+}
+
+template <int MT>
 __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
+    __shared__ __align__(16) u8 ring[DECODE_WARPS][F16_STAGES][F16_STAGE_BYTES];
+    __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
     const u32 r = blockIdx.x;
     const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
     if (live <= p.chunk_start) return;
@@ -141,7 +182,6 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     if (page0 >= chunk_pages) return;
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
 
-    __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
     const i32* pt = p.page_table + (u64)r * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
     for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x) pids[i] = pt[page0 + i];
     __syncthreads();
@@ -151,6 +191,36 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     if (page0 + warp >= page_end) return;
     const u32 my_pages = (page_end - page0 - warp + DECODE_WARPS - 1) / DECODE_WARPS;
     const u32 tiles = my_pages * 8;
+    u8* my_ring = ring[warp][0];
+    const u32 ring_addr = (u32)__cvta_generic_to_shared(my_ring);
+
+    // Tile u of this warp: page page0 + warp + (u / 8) * WARPS, tokens (u % 8) * 8 ...
+    auto tile_page = [&](u32 u) { return page0 + warp + (u >> 3) * DECODE_WARPS; };
+    auto issue = [&](u32 u) {
+        if (u < tiles) {
+            const u32 pg = tile_page(u);
+            const u32 sub = u & 7;
+            const i32 pid = pids[pg - page0];
+            if (pid >= 0 && pg * IDX_PAGE_ROWS + sub * 8 < n_chunk) {
+                const u8* base = p.kcache + (u64)pid * p.page_stride;
+                const u8* src = base + (u64)sub * F16_TILE_BYTES;
+                const u32 stage = ring_addr + (u % F16_STAGES) * F16_STAGE_BYTES;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const u32 c = lane + 32 * h;  // 64 chunks: row c / 8, chunk c % 8
+                    cp_async16_dec(stage + tile_swizzle(c >> 3, c & 7), src + c * 16);
+                }
+                if (lane < 2)
+                    cp_async16_dec(stage + F16_TILE_BYTES + lane * 16,
+                                   base + IDX_SCALE_OFFSET + sub * 32 + lane * 16);
+            }
+        }
+        cp_async_commit_dec();
+    };
+
+    // Start the copies before the Q conversion, which they then overlap.
+#pragma unroll
+    for (int j = 0; j < F16_STAGES - 2; ++j) issue(j);
 
     // Q of heads 16 mt + gid and 16 mt + 8 + gid as f16 A fragments.
     AFragF16 qa[MT][8];
@@ -170,69 +240,47 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
 
     float* out = p.logits + (u64)r * p.logits_row_stride;
     const float skip = idx_not_candidate();
-
-    Row32 kb[RING];
-    float2 sc[RING];
+    // Two tiles per step: groups committed before the wait = u + STAGES, so
+    // leaving STAGES - 2 pending means tiles u and u + 1 have landed.
+    for (u32 u = 0; u < tiles; u += 2) {
+        issue(u + F16_STAGES - 2);
+        issue(u + F16_STAGES - 1);
+        cp_async_wait_dec<F16_STAGES - 2>();
+        __syncwarp();
+        float acc[2][MT][4];
+        float2 scale[2];
 #pragma unroll
-    for (int j = 0; j < RING; ++j) {
-        kb[j] = zero_row32();
-        sc[j] = make_float2(0.0f, 0.0f);
-    }
-    // Tile u of this warp: page page0 + warp + (u / 8) * WARPS, tokens (u % 8) * 8 ...
-    auto tile_page = [&](u32 u) { return page0 + warp + (u >> 3) * DECODE_WARPS; };
-    auto load_tile = [&](u32 u, int slot) {
-        const u32 pg = tile_page(u);
-        const u32 sub = u & 7;
-        const i32 pid = pids[pg - page0];
-        if (pid >= 0 && pg * IDX_PAGE_ROWS + sub * 8 < n_chunk) {
-            const u8* base = p.kcache + (u64)pid * p.page_stride;
-            kb[slot] = load_row32_stream(base + (u64)(sub * 8 + gid) * IDX_HEAD_DIM, tig);
-            sc[slot] = __ldg(reinterpret_cast<const float2*>(base + IDX_SCALE_OFFSET) + sub * 4 + tig);
+        for (int j = 0; j < 2; ++j) {
+            const u8* stage = my_ring + ((u + j) % F16_STAGES) * F16_STAGE_BYTES;
+            Row32 kb;
+            kb.lo = *reinterpret_cast<const uint4*>(stage + tile_swizzle(gid, tig));
+            kb.hi = *reinterpret_cast<const uint4*>(stage + tile_swizzle(gid, 4 + tig));
+            scale[j] = *reinterpret_cast<const float2*>(stage + F16_TILE_BYTES + tig * 8);
+            decode_tile_f16<MT>(qa, kb, acc[j]);
         }
-    };
+        __syncwarp();  // both stages are refilled by the next step's issues
 #pragma unroll
-    for (int j = 0; j < RING; ++j) load_tile(j, j);
-
-    for (u32 u = 0; u < tiles; u += RING) {
-#pragma unroll
-        for (int j = 0; j < RING; ++j) {
+        for (int j = 0; j < 2; ++j) {
             const u32 uu = u + j;
             const u32 pg = tile_page(uu);
             const u32 t0 = pg * IDX_PAGE_ROWS + (uu & 7) * 8;
             const i32 pid = pids[pg - page0];
-            // Branch-free body, as in the e4m3 flavor.
-            float acc[MT][4];
-#pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                u32 b0, b1;
-                cvt_e4m3x4(row32_w(kb[j], k), b0, b1);
-#pragma unroll
-                for (int mt = 0; mt < MT; ++mt) {
-                    const AFragF16& a = qa[mt][k];
-                    if (k == 0)
-                        mma_f16_zero(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
-                    else
-                        mma_f16(acc[mt], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
-                }
-            }
-            const float2 scale = sc[j];
-            if (uu + RING < tiles) load_tile(uu + RING, j);
             // C: rows = heads (gid, gid + 8), columns = tokens tig*2, tig*2 + 1.
             float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
-                s0 = fmaf(relu_nan(acc[mt][0]), wa[mt], s0);
-                s1 = fmaf(relu_nan(acc[mt][1]), wa[mt], s1);
-                s0 = fmaf(relu_nan(acc[mt][2]), wb[mt], s0);
-                s1 = fmaf(relu_nan(acc[mt][3]), wb[mt], s1);
+                s0 = fmaf(relu_nan(acc[j][mt][0]), wa[mt], s0);
+                s1 = fmaf(relu_nan(acc[j][mt][1]), wa[mt], s1);
+                s0 = fmaf(relu_nan(acc[j][mt][2]), wb[mt], s0);
+                s1 = fmaf(relu_nan(acc[j][mt][3]), wb[mt], s1);
             }
 #pragma unroll
             for (int d = 4; d < 32; d <<= 1) {
                 s0 += __shfl_xor_sync(0xffffffffu, s0, d);
                 s1 += __shfl_xor_sync(0xffffffffu, s1, d);
             }
-            const float v0 = pid >= 0 ? s0 * scale.x : skip;
-            const float v1 = pid >= 0 ? s1 * scale.y : skip;
+            const float v0 = pid >= 0 ? s0 * scale[j].x : skip;
+            const float v1 = pid >= 0 ? s1 * scale[j].y : skip;
             const u32 t = t0 + tig * 2;
             if (gid == 0 && t0 < n_chunk) {
                 if (t + 1 < n_chunk)
@@ -242,19 +290,20 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
             }
         }
     }
+    cp_async_wait_dec<0>();
 }
 
-#define DECODE_KERNELS(HEADS, NT, MT, RING)                                          \
+#define DECODE_KERNELS(HEADS, NT, MT)                                          \
     B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
         b12x_indexer_decode_e4m3_h##HEADS(const ScoreParams p) {                     \
         decode_score_e4m3<NT>(p);                                                    \
     }                                                                                \
     B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
         b12x_indexer_decode_f16_h##HEADS(const ScoreParams p) {                      \
-        decode_score_f16<MT, RING>(p);                                               \
+        decode_score_f16<MT>(p);                                                     \
     }
 
-DECODE_KERNELS(16, 2, 1, 8)
-DECODE_KERNELS(32, 4, 2, 8)
-DECODE_KERNELS(48, 6, 3, 4)
-DECODE_KERNELS(64, 8, 4, 4)
+DECODE_KERNELS(16, 2, 1)
+DECODE_KERNELS(32, 4, 2)
+DECODE_KERNELS(48, 6, 3)
+DECODE_KERNELS(64, 8, 4)

@@ -20,11 +20,11 @@
 // lengths alone) and pad their unused slots with not-a-candidate entries.
 #include "indexer_common.cuh"
 
-#define TOPK_THREADS 512
+#define TOPK_THREADS 1024
 #define TOPK_WARPS (TOPK_THREADS / 32)
 #define TOPK_CAP 3072
 #define TOPK_MAX_BINS 4096
-#define TOPK_UNROLL 4
+#define TOPK_UNROLL 2  // float4 groups in flight per thread and round
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -97,7 +97,6 @@ __device__ __forceinline__ RowChunk row_chunk(const TopkParams& p, u32 r) {
 }
 
 // ---------------------------------------------------------------- sources
-// get(i) for i < slots(): candidate i (ok = false for an empty slot).
 
 struct Cand {
     float v;
@@ -109,7 +108,18 @@ __device__ __forceinline__ bool is_candidate(float v) {
     return __float_as_uint(v) != IDX_NOT_CANDIDATE_BITS;
 }
 
+// A source is a short scalar head (the carry) and a vector part read as
+// float4 groups: head(i) for i < n_head(), group(g) -> 4 candidates for
+// g < n_groups().
+
+struct Cand4 {
+    float v[4];
+    u32 idx[4];
+    bool ok[4];
+};
+
 // carry + contiguous chunk logits (fold) or one slice of them (slice: no carry).
+// `logits` is 16-byte aligned and readable up to the next multiple of 4 of n.
 struct DenseSource {
     const float* cv;
     const i32* ci;
@@ -117,17 +127,28 @@ struct DenseSource {
     const float* logits;  // first candidate of the range
     u32 idx0;             // its logical index
     u32 n;                // logits in the range
-    __device__ __forceinline__ u32 slots() const { return n_carry + n; }
-    __device__ __forceinline__ Cand get(u32 i) const {
+    __device__ __forceinline__ u32 n_head() const { return n_carry; }
+    __device__ __forceinline__ u32 n_groups() const { return (n + 3) / 4; }
+    __device__ __forceinline__ Cand head(u32 i) const {
         Cand c;
-        if (i < n_carry) {
-            c.v = cv[i];
-            c.idx = (u32)ci[i];
-        } else {
-            c.v = logits[i - n_carry];
-            c.idx = idx0 + (i - n_carry);
-        }
+        c.v = cv[i];
+        c.idx = (u32)ci[i];
         c.ok = is_candidate(c.v);
+        return c;
+    }
+    __device__ __forceinline__ Cand4 group(u32 g) const {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(logits) + g);
+        Cand4 c;
+        c.v[0] = v.x;
+        c.v[1] = v.y;
+        c.v[2] = v.z;
+        c.v[3] = v.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 i = 4 * g + e;
+            c.idx[e] = idx0 + i;
+            c.ok[e] = i < n && is_candidate(c.v[e]);
+        }
         return c;
     }
 };
@@ -143,26 +164,41 @@ struct MergeSource {
     u32 slices;
     u32 slice_len;
     u32 n_chunk;
-    __device__ __forceinline__ u32 slots() const { return n_carry + (slices << topk_shift); }
     __device__ __forceinline__ u32 slice_count(u32 s) const {
         const u32 start = s * slice_len;
         const u32 len = n_chunk > start ? min(n_chunk - start, slice_len) : 0u;
         return min(len, 1u << topk_shift);
     }
-    __device__ __forceinline__ Cand get(u32 i) const {
+    __device__ __forceinline__ u32 n_head() const { return n_carry; }
+    __device__ __forceinline__ u32 n_groups() const { return (slices << topk_shift) / 4; }
+    __device__ __forceinline__ Cand head(u32 i) const {
         Cand c;
-        if (i < n_carry) {
-            c.v = cv[i];
-            c.idx = (u32)ci[i];
-            c.ok = is_candidate(c.v);
-            return c;
+        c.v = cv[i];
+        c.idx = (u32)ci[i];
+        c.ok = is_candidate(c.v);
+        return c;
+    }
+    __device__ __forceinline__ Cand4 group(u32 g) const {
+        const u32 j = 4 * g;
+        const u32 e0 = j & ((1u << topk_shift) - 1);
+        const u32 cnt = slice_count(j >> topk_shift);
+        Cand4 c;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int4 ix = make_int4(0, 0, 0, 0);
+        if (e0 < cnt) {
+            v = __ldcg(reinterpret_cast<const float4*>(pv) + g);
+            ix = __ldcg(reinterpret_cast<const int4*>(pi) + g);
         }
-        const u32 j = i - n_carry;
-        const u32 s = j >> topk_shift, e = j & ((1u << topk_shift) - 1);
-        const bool in = e < slice_count(s);
-        c.v = in ? pv[j] : idx_not_candidate();
-        c.idx = in ? (u32)pi[j] : 0u;
-        c.ok = in && is_candidate(c.v);
+        c.v[0] = v.x;
+        c.v[1] = v.y;
+        c.v[2] = v.z;
+        c.v[3] = v.w;
+        c.idx[0] = (u32)ix.x;
+        c.idx[1] = (u32)ix.y;
+        c.idx[2] = (u32)ix.z;
+        c.idx[3] = (u32)ix.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c.ok[e] = e0 + e < cnt && is_candidate(c.v[e]);
         return c;
     }
 };
@@ -278,26 +314,42 @@ __device__ __forceinline__ void find_bin(TopkSmem& sm, u32 nbins, u32 need) {
     __syncthreads();
 }
 
-// Calls f(ok, v, idx) for every slot, TOPK_UNROLL loads in flight per thread;
-// every thread runs the same number of calls (warp collectives are safe in f).
+// Calls f(ok, v, idx) for every candidate slot: the head one per thread and
+// round, the vector part TOPK_UNROLL float4 groups per thread and round.
+// Every thread makes the same number of calls (warp collectives are safe in f).
 template <class Src, class F>
 __device__ __forceinline__ void for_each_cand(const Src& src, F&& f) {
-    const u32 n = src.slots();
-    for (u32 base = 0; base < n; base += TOPK_THREADS * TOPK_UNROLL) {
-        Cand c[TOPK_UNROLL];
+    const u32 nh = src.n_head();
+    for (u32 base = 0; base < nh; base += TOPK_THREADS) {
+        const u32 i = base + threadIdx.x;
+        Cand c;
+        c.ok = false;
+        c.v = 0.0f;
+        c.idx = 0;
+        if (i < nh) c = src.head(i);
+        f(c.ok, c.v, c.idx);
+    }
+    const u32 ng = src.n_groups();
+    for (u32 base = 0; base < ng; base += TOPK_THREADS * TOPK_UNROLL) {
+        Cand4 c[TOPK_UNROLL];
 #pragma unroll
         for (int u = 0; u < TOPK_UNROLL; ++u) {
-            const u32 i = base + u * TOPK_THREADS + threadIdx.x;
-            if (i < n) {
-                c[u] = src.get(i);
+            const u32 g = base + u * TOPK_THREADS + threadIdx.x;
+            if (g < ng) {
+                c[u] = src.group(g);
             } else {
-                c[u].ok = false;
-                c[u].v = 0.0f;
-                c[u].idx = 0;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    c[u].ok[e] = false;
+                    c[u].v[e] = 0.0f;
+                    c[u].idx[e] = 0;
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < TOPK_UNROLL; ++u) f(c[u].ok, c[u].v, c[u].idx);
+        for (int u = 0; u < TOPK_UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(c[u].ok[e], c[u].v[e], c[u].idx[e]);
     }
 }
 
@@ -333,15 +385,12 @@ __device__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink,
         for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
         __syncthreads();
         const u32 above_shift = shift + width;  // prefix bits above this digit
-        // Lanes with the same bin add once (many equal logits, e.g. -inf
-        // pages, would otherwise serialize on one shared-memory word).
+        // Plain shared atomics: lanes rarely share a bin on real logits (many
+        // equal values serialize, which costs time, not correctness).
         auto count = [&](bool ok, float v, u32 idx) {
             const u64 key = cand_key(v, idx);
-            const bool in = ok && (lvl == 0 || (key >> above_shift) == prefix);
-            const u32 bin = in ? (u32)(key >> shift) & (nbins - 1) : 0xffffffffu;
-            const u32 peers = __match_any_sync(0xffffffffu, bin);
-            if (in && (threadIdx.x & 31) == (u32)(__ffs((int)peers) - 1))
-                atomicAdd(&sm.hist[bin], (u32)__popc(peers));
+            if (ok && (lvl == 0 || (key >> above_shift) == prefix))
+                atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
         };
         if (!buffered) {
             for_each_cand(src, count);
@@ -437,7 +486,7 @@ __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const
 }
 
 // Grid (rows): carry + this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_fold(const TopkParams p) {
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
     __shared__ TopkSmem sm;
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
@@ -454,7 +503,7 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_fold(const
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_slice(const TopkParams p) {
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
     __shared__ TopkSmem sm;
     const u32 r = blockIdx.x, s = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
@@ -475,7 +524,7 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_slice(cons
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2) b12x_indexer_topk_merge(const TopkParams p) {
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
     __shared__ TopkSmem sm;
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);

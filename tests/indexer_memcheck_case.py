@@ -28,7 +28,7 @@ def main() -> None:
     aw = lengths.max().reshape(1)
     idx = torch.empty(rows, topk, dtype=torch.int32, device=dev)
     sc = torch.empty(rows, topk, device=dev)
-    for supertile, slices, physical in [(1280, 1, False), (512, 1, True), (1280, 2, False)]:
+    for supertile, slices, physical in [(1536, 1, False), (512, 1, True), (1536, 3, False)]:
         plan = _indexer_raw.RawPlan(rows, heads, width, topk, supertile, slices, False, physical)
         scratch = torch.empty(plan.scratch_bytes, dtype=torch.uint8, device=dev)
         _indexer_raw.launch(plan, scratch, q, w, kcache, table, lengths, aw, idx, sc)

@@ -314,7 +314,7 @@ def test_exact_ties_pick_the_lowest_positions():
     kcache[:, :8192] = kcache[0, :128].repeat(64)
     kcache[:, 8192:PAGE_BYTES] = kcache[0, 8192:8196].repeat(64)
     for slices in (1, 4):
-        idx, _ = run_raw(case, 512, supertile=1024, slices=slices)
+        idx, _ = run_raw(case, 512, supertile=2048, slices=slices)
         for r in range(rows):
             assert sorted(idx[r].tolist()) == list(range(512))
 

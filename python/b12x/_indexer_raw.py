@@ -108,7 +108,7 @@ def launch(
 
 
 LOGITS_BUDGET = 1 << 23  # f32 elements of the logits region a decode plan may take
-SLICE_MIN = 4096
+SLICE_MIN = 8192
 
 
 def default_policy(rows: int, width: int, prefill: bool, sms: int) -> tuple[int, int]:

@@ -29,7 +29,7 @@ const DECODE_MAX_PAGES_PER_CTA: u32 = 256;
 const PREFILL_THREADS: u32 = 256;
 const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
-const TOPK_THREADS: u32 = 512;
+const TOPK_THREADS: u32 = 1024;
 
 /// Which scorer reads the page table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,9 +164,10 @@ pub fn num_chunks(width: u32, supertile: u32) -> u32 {
     ((width as u64 * PAGE_ROWS as u64).div_ceil(supertile.max(1) as u64)) as u32
 }
 
-/// Tokens per top-k slice: the supertile split into `slices` equal parts.
+/// Tokens per top-k slice: the supertile split into `slices` parts, rounded
+/// up to 512 (slices start 16-byte aligned; trailing slices may be empty).
 pub fn slice_len(supertile: u32, slices: u32) -> u32 {
-    supertile.div_ceil(slices.max(1))
+    supertile.div_ceil(slices.max(1)).next_multiple_of(SUPERTILE_ALIGN)
 }
 
 /// Pages one decode CTA scores: about eight CTAs' worth of work per SM
@@ -381,7 +382,8 @@ mod tests {
         assert_eq!(num_chunks(2048, 32768), 4);
         assert_eq!(num_chunks(1, 512), 1);
         assert_eq!(slice_len(131072, 32), 4096);
-        assert_eq!(slice_len(1536, 2), 768);
+        assert_eq!(slice_len(1536, 2), 1024);
+        assert_eq!(slice_len(1024, 2), 512);
     }
 
     #[test]
