@@ -169,9 +169,18 @@ __device__ __forceinline__ void decode_tile_f16(const AFragF16 (&qa)[MT][8], con
     }
 }
 
-template <int MT>
+__device__ __forceinline__ void group_barrier(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// MT head tiles split over GROUP warps (MT / GROUP each) that share one ring:
+// at 64 heads a pair of warps holds 64 Q registers each instead of one warp
+// holding 128, so twice the warps fit an SM (the kernel is latency-bound).
+template <int MT, int GROUP>
 __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
+    constexpr int MTW = MT / GROUP;
     __shared__ __align__(16) u8 ring[DECODE_WARPS][F16_STAGES][F16_STAGE_BYTES];
+    __shared__ float2 xchg[DECODE_WARPS][2][4];
     __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
     const u32 r = blockIdx.x;
     const u32 live = idx_live_tokens(p.lengths, p.active_width, r, p.width);
@@ -187,15 +196,22 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     __syncthreads();
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 group = warp / GROUP, hw = warp % GROUP;  // hw: which share of the heads
     const u32 gid = lane >> 2, tig = lane & 3;
-    if (page0 + warp >= page_end) return;
-    const u32 my_pages = (page_end - page0 - warp + DECODE_WARPS - 1) / DECODE_WARPS;
+    if (page0 + group >= page_end) return;  // group-uniform
+    const u32 my_pages = (page_end - page0 - group + DECODE_WARPS - 1) / DECODE_WARPS;
     const u32 tiles = my_pages * 8;
-    u8* my_ring = ring[warp][0];
+    u8* my_ring = ring[group][0];
     const u32 ring_addr = (u32)__cvta_generic_to_shared(my_ring);
+    auto sync_group = [&]() {
+        if (GROUP == 1)
+            __syncwarp();
+        else
+            group_barrier(1 + group, 32 * GROUP);
+    };
 
-    // Tile u of this warp: page page0 + warp + (u / 8) * WARPS, tokens (u % 8) * 8 ...
-    auto tile_page = [&](u32 u) { return page0 + warp + (u >> 3) * DECODE_WARPS; };
+    // Tile u of this group: page page0 + group + (u / 8) * 4, tokens (u % 8) * 8 ...
+    auto tile_page = [&](u32 u) { return page0 + group + (u >> 3) * DECODE_WARPS; };
     auto issue = [&](u32 u) {
         if (u < tiles) {
             const u32 pg = tile_page(u);
@@ -206,11 +222,12 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
                 const u8* src = base + (u64)sub * F16_TILE_BYTES;
                 const u32 stage = ring_addr + (u % F16_STAGES) * F16_STAGE_BYTES;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const u32 c = lane + 32 * h;  // 64 chunks: row c / 8, chunk c % 8
+                for (int h = 0; h < 2 / GROUP; ++h) {
+                    // 64 chunks (row c / 8, chunk c % 8) shared by the group's lanes
+                    const u32 c = lane + 32 * (hw + GROUP * h);
                     cp_async16_dec(stage + tile_swizzle(c >> 3, c & 7), src + c * 16);
                 }
-                if (lane < 2)
+                if (hw == 0 && lane < 2)
                     cp_async16_dec(stage + F16_TILE_BYTES + lane * 16,
                                    base + IDX_SCALE_OFFSET + sub * 32 + lane * 16);
             }
@@ -222,14 +239,14 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
 #pragma unroll
     for (int j = 0; j < F16_STAGES - 2; ++j) issue(j);
 
-    // Q of heads 16 mt + gid and 16 mt + 8 + gid as f16 A fragments.
-    AFragF16 qa[MT][8];
-    float wa[MT], wb[MT];
+    // Q of heads h0 = 16 (hw * MTW + mt) + gid and h0 + 8 as f16 A fragments.
+    AFragF16 qa[MTW][8];
+    float wa[MTW], wb[MTW];
     const u8* qrow = p.q + (u64)r * p.heads * IDX_HEAD_DIM;
     const float* wrow = p.weights + (u64)r * p.heads;
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-        const u32 h0 = mt * 16 + gid, h1 = h0 + 8;
+    for (int mt = 0; mt < MTW; ++mt) {
+        const u32 h0 = (hw * MTW + mt) * 16 + gid, h1 = h0 + 8;
         const Row32 q0 = h0 < p.heads ? load_row32(qrow + (u64)h0 * IDX_HEAD_DIM, tig) : zero_row32();
         const Row32 q1 = h1 < p.heads ? load_row32(qrow + (u64)h1 * IDX_HEAD_DIM, tig) : zero_row32();
 #pragma unroll
@@ -241,13 +258,15 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     float* out = p.logits + (u64)r * p.logits_row_stride;
     const float skip = idx_not_candidate();
     // Two tiles per step: groups committed before the wait = u + STAGES, so
-    // leaving STAGES - 2 pending means tiles u and u + 1 have landed.
+    // leaving STAGES - 2 pending means tiles u and u + 1 have landed. The
+    // stages refilled at a step's start were read before the previous step's
+    // last group barrier.
     for (u32 u = 0; u < tiles; u += 2) {
         issue(u + F16_STAGES - 2);
         issue(u + F16_STAGES - 1);
         cp_async_wait_dec<F16_STAGES - 2>();
-        __syncwarp();
-        float acc[2][MT][4];
+        sync_group();
+        float acc[2][MTW][4];
         float2 scale[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -256,31 +275,52 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
             kb.lo = *reinterpret_cast<const uint4*>(stage + tile_swizzle(gid, tig));
             kb.hi = *reinterpret_cast<const uint4*>(stage + tile_swizzle(gid, 4 + tig));
             scale[j] = *reinterpret_cast<const float2*>(stage + F16_TILE_BYTES + tig * 8);
-            decode_tile_f16<MT>(qa, kb, acc[j]);
+            decode_tile_f16<MTW>(qa, kb, acc[j]);
         }
-        __syncwarp();  // both stages are refilled by the next step's issues
+        // C: rows = heads (gid, gid + 8), columns = tokens tig*2, tig*2 + 1.
+        float s0[2], s1[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            s0[j] = 0.0f;
+            s1[j] = 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MTW; ++mt) {
+                s0[j] = fmaf(relu_nan(acc[j][mt][0]), wa[mt], s0[j]);
+                s1[j] = fmaf(relu_nan(acc[j][mt][1]), wa[mt], s1[j]);
+                s0[j] = fmaf(relu_nan(acc[j][mt][2]), wb[mt], s0[j]);
+                s1[j] = fmaf(relu_nan(acc[j][mt][3]), wb[mt], s1[j]);
+            }
+#pragma unroll
+            for (int d = 4; d < 32; d <<= 1) {
+                s0[j] += __shfl_xor_sync(0xffffffffu, s0[j], d);
+                s1[j] += __shfl_xor_sync(0xffffffffu, s1[j], d);
+            }
+        }
+        if (GROUP == 2) {
+            // the second warp's head share joins the first's
+            if (hw == 1 && gid == 0) {
+                xchg[group][0][tig] = make_float2(s0[0], s1[0]);
+                xchg[group][1][tig] = make_float2(s0[1], s1[1]);
+            }
+            sync_group();
+            if (hw == 1) continue;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const float2 o = xchg[group][j][tig];
+                s0[j] += o.x;
+                s1[j] += o.y;
+            }
+        } else {
+            __syncwarp();
+        }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             const u32 uu = u + j;
             const u32 pg = tile_page(uu);
             const u32 t0 = pg * IDX_PAGE_ROWS + (uu & 7) * 8;
             const i32 pid = pids[pg - page0];
-            // C: rows = heads (gid, gid + 8), columns = tokens tig*2, tig*2 + 1.
-            float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
-                s0 = fmaf(relu_nan(acc[j][mt][0]), wa[mt], s0);
-                s1 = fmaf(relu_nan(acc[j][mt][1]), wa[mt], s1);
-                s0 = fmaf(relu_nan(acc[j][mt][2]), wb[mt], s0);
-                s1 = fmaf(relu_nan(acc[j][mt][3]), wb[mt], s1);
-            }
-#pragma unroll
-            for (int d = 4; d < 32; d <<= 1) {
-                s0 += __shfl_xor_sync(0xffffffffu, s0, d);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, d);
-            }
-            const float v0 = pid >= 0 ? s0 * scale[j].x : skip;
-            const float v1 = pid >= 0 ? s1 * scale[j].y : skip;
+            const float v0 = pid >= 0 ? s0[j] * scale[j].x : skip;
+            const float v1 = pid >= 0 ? s1[j] * scale[j].y : skip;
             const u32 t = t0 + tig * 2;
             if (gid == 0 && t0 < n_chunk) {
                 if (t + 1 < n_chunk)
@@ -293,17 +333,19 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     cp_async_wait_dec<0>();
 }
 
-#define DECODE_KERNELS(HEADS, NT, MT)                                          \
-    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
-        b12x_indexer_decode_e4m3_h##HEADS(const ScoreParams p) {                     \
-        decode_score_e4m3<NT>(p);                                                    \
-    }                                                                                \
-    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                         \
-        b12x_indexer_decode_f16_h##HEADS(const ScoreParams p) {                      \
-        decode_score_f16<MT>(p);                                                     \
+#define DECODE_KERNELS(HEADS, NT, MT, GROUP, MINB)                                    \
+    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                          \
+        b12x_indexer_decode_e4m3_h##HEADS(const ScoreParams p) {                      \
+        decode_score_e4m3<NT>(p);                                                     \
+    }                                                                                 \
+    B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32 * GROUP, MINB)               \
+        b12x_indexer_decode_f16_h##HEADS(const ScoreParams p) {                       \
+        decode_score_f16<MT, GROUP>(p);                                               \
     }
 
-DECODE_KERNELS(16, 2, 1)
-DECODE_KERNELS(32, 4, 2)
-DECODE_KERNELS(48, 6, 3)
-DECODE_KERNELS(64, 8, 4)
+// f16: 64 heads run as warp pairs (8 warps per CTA), fewer heads as single
+// warps; MINB CTAs per SM keep each variant free of spills.
+DECODE_KERNELS(16, 2, 1, 1, 4)
+DECODE_KERNELS(32, 4, 2, 1, 4)
+DECODE_KERNELS(48, 6, 3, 1, 2)
+DECODE_KERNELS(64, 8, 4, 2, 2)

@@ -1,22 +1,26 @@
 // Prefill scorer: every query row reads the same (shared) page-table row.
 //
 // Same math as the decode scorer, laid out as a GEMM: a CTA owns 512 tokens
-// (8 warps x one 64-token page each, held in registers as MMA A fragments)
+// (16 warps x 32 tokens each, held in registers as MMA A fragments)
 // and a block of PREFILL_ROWS query rows, whose Q (8 KiB per row at 64 heads)
 // and weights stream through a double-buffered shared-memory stage with
-// cp.async. Each (row, page) costs a warp 4 * NT * 4 MMAs; a row's work
+// cp.async. Each (row, 32 tokens) costs a warp 2 * NT * 4 MMAs; a row's work
 // stops at its live length, a CTA's at the longest live row of its block.
 //
-// Grid (chunk_len / 512, ceil(rows / PREFILL_ROWS)), 256 threads.
+// Grid (chunk_len / 512, ceil(rows / PREFILL_ROWS)), 512 threads.
 //
 // Flavors as in the decode scorer: e4m3 (mma m16n8k32.e4m3 on the raw bytes;
-// sm_89, sm_120) and f16 (sm_90: the warp's K page converted to f16 A
-// fragments once, 128 registers, and each staged Q fragment converted once
-// per (row, 8 heads) for 32 m16n8k16 MMAs).
+// sm_89, sm_120) and f16 (sm_90: the warp's 32 tokens converted to f16 A
+// fragments once, 64 registers, and each staged Q fragment converted once
+// per (row, 8 heads) for 16 m16n8k16 MMAs). 32 tokens per warp rather than
+// 64 keeps registers under 128, so 16 warps fit an SM (ncu: the 8-warp
+// version kept the tensor pipe 60% busy).
 #include "indexer_common.cuh"
 
-#define PREFILL_WARPS 8
-#define PREFILL_TOKENS (PREFILL_WARPS * IDX_PAGE_ROWS)
+#define PREFILL_WARPS 16
+#define PREFILL_WARP_TOKENS 32
+#define PREFILL_MT (PREFILL_WARP_TOKENS / 16)  // m-tiles per warp
+#define PREFILL_TOKENS (PREFILL_WARPS * PREFILL_WARP_TOKENS)
 #define PREFILL_ROWS 64
 #define PREFILL_STAGE_ROWS 2
 
@@ -104,15 +108,16 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const u32 gid = lane >> 2, tig = lane & 3;
     const u32 my_tok = gid + 8 * (tig & 1);
-    const u32 wt0 = tile0 + warp * IDX_PAGE_ROWS;  // chunk-local first token of this warp
+    const u32 wt0 = tile0 + warp * PREFILL_WARP_TOKENS;  // chunk-local first token of this warp
     const u32 page_col = (p.chunk_start + wt0) / IDX_PAGE_ROWS;
+    const u32 slot0 = (p.chunk_start + wt0) % IDX_PAGE_ROWS;
     const bool in_table = page_col < p.width && wt0 < p.chunk_len;
     const i32 pid = in_table ? p.page_table[page_col] : -1;
 
-    KTile kt[4];
-    float sc[4];
+    KTile kt[PREFILL_MT];
+    float sc[PREFILL_MT];
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
+    for (int m = 0; m < PREFILL_MT; ++m) {
         kt[m].r0 = zero_row32();
         kt[m].r1 = zero_row32();
         sc[m] = 0.0f;
@@ -120,17 +125,18 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
     if (pid >= 0) {
         const u8* base = p.kcache + (u64)pid * p.page_stride;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            const u8* rows = base + (u64)(m * 16 + gid) * IDX_HEAD_DIM;
+        for (int m = 0; m < PREFILL_MT; ++m) {
+            const u8* rows = base + (u64)(slot0 + m * 16 + gid) * IDX_HEAD_DIM;
             kt[m].r0 = load_row32(rows, tig);
             kt[m].r1 = load_row32(rows + 8 * IDX_HEAD_DIM, tig);
-            sc[m] = __ldg(reinterpret_cast<const float*>(base + IDX_SCALE_OFFSET) + m * 16 + my_tok);
+            sc[m] = __ldg(reinterpret_cast<const float*>(base + IDX_SCALE_OFFSET) + slot0 +
+                          m * 16 + my_tok);
         }
     }
-    AFragF16 ka[F16 ? 4 : 1][8];
+    AFragF16 ka[F16 ? PREFILL_MT : 1][8];
     if (F16) {
 #pragma unroll
-        for (int m = 0; m < (F16 ? 4 : 1); ++m)
+        for (int m = 0; m < (F16 ? PREFILL_MT : 1); ++m)
 #pragma unroll
             for (int k = 0; k < 8; ++k) ka[m][k] = a_frag_f16(kt[m].r0, kt[m].r1, k);
     }
@@ -159,7 +165,7 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
             float* out = p.logits + (u64)(row0 + i + rr) * p.logits_row_stride;
             if (pid < 0) {
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
+                for (int m = 0; m < PREFILL_MT; ++m) {
                     const u32 t = wt0 + m * 16 + my_tok;
                     if (tig < 2 && t < row_live) out[t] = skip;
                 }
@@ -167,7 +173,9 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
             }
             const u8* qs = sm.q[buf][rr];
             const float* ws = sm.w[buf][rr];
-            float lo[4] = {0.0f, 0.0f, 0.0f, 0.0f}, hi[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            float lo[PREFILL_MT], hi[PREFILL_MT];
+#pragma unroll
+            for (int m = 0; m < PREFILL_MT; ++m) lo[m] = hi[m] = 0.0f;
             // Two head tiles per trip: enough overlap, and the f16 flavor's 128
             // registers of K fragments stay clear of spills.
 #pragma unroll 2
@@ -177,14 +185,14 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
                 b.lo = lds128(qs + q_swizzle(head, tig));
                 b.hi = lds128(qs + q_swizzle(head, 4 + tig));
                 const float2 w = *reinterpret_cast<const float2*>(ws + n * 8 + tig * 2);
-                float acc[4][4];
+                float acc[PREFILL_MT][4];
                 if (F16) {
 #pragma unroll
                     for (int k = 0; k < 8; ++k) {
                         u32 b0, b1;
                         cvt_e4m3x4(row32_w(b, k), b0, b1);
 #pragma unroll
-                        for (int m = 0; m < (F16 ? 4 : 1); ++m) {
+                        for (int m = 0; m < (F16 ? PREFILL_MT : 1); ++m) {
                             const AFragF16& a = ka[m][k];
                             if (k == 0)
                                 mma_f16_zero(acc[m], a.a[0], a.a[1], a.a[2], a.a[3], b0, b1);
@@ -197,7 +205,7 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
                     for (int s = 0; s < 4; ++s) {
                         const u32 b0 = row32_word(b, s, 0), b1 = row32_word(b, s, 1);
 #pragma unroll
-                        for (int m = 0; m < 4; ++m) {
+                        for (int m = 0; m < PREFILL_MT; ++m) {
                             const u32 a0 = row32_word(kt[m].r0, s, 0);
                             const u32 a1 = row32_word(kt[m].r1, s, 0);
                             const u32 a2 = row32_word(kt[m].r0, s, 1);
@@ -210,7 +218,7 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
                     }
                 }
 #pragma unroll
-                for (int m = 0; m < 4; ++m) {
+                for (int m = 0; m < PREFILL_MT; ++m) {
                     lo[m] = fmaf(relu_nan(acc[m][0]), w.x, lo[m]);
                     lo[m] = fmaf(relu_nan(acc[m][1]), w.y, lo[m]);
                     hi[m] = fmaf(relu_nan(acc[m][2]), w.x, hi[m]);
@@ -218,7 +226,7 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
                 }
             }
 #pragma unroll
-            for (int m = 0; m < 4; ++m) {
+            for (int m = 0; m < PREFILL_MT; ++m) {
                 lo[m] += __shfl_xor_sync(0xffffffffu, lo[m], 1);
                 hi[m] += __shfl_xor_sync(0xffffffffu, hi[m], 1);
                 lo[m] += __shfl_xor_sync(0xffffffffu, lo[m], 2);

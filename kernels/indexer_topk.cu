@@ -368,86 +368,107 @@ __constant__ u32 kLevelWidth[6] = {12, 12, 8, 12, 12, 8};
 
 // The k best candidates of src to sink slots [0, k) when there are more
 // than k, else all of them; then padding up to pad_to.
+// The first digit (top 12 bits of the value key) over the whole source, in
+// 32-bit arithmetic: one shared atomic per candidate.
+template <class Src>
+__device__ __forceinline__ void count_top_digit(const Src& src, TopkSmem& sm) {
+    for (u32 b = threadIdx.x; b < TOPK_MAX_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    __syncthreads();
+    for_each_cand(src, [&](bool ok, float v, u32) {
+        if (ok) atomicAdd(&sm.hist[value_key(v) >> 20], 1u);
+    });
+    __syncthreads();
+}
+
+// Appends (v, idx) for the lanes with sel; one vote when no lane has one.
+template <class Sink>
+__device__ __forceinline__ void emit_if(bool sel, float v, u32 idx, const Sink& sink,
+                                        TopkSmem& sm) {
+    if (__any_sync(0xffffffffu, sel)) {
+        const u32 slot = warp_append(sel, &sm.out_n);
+        if (sel) sink.emit(slot, v, idx);
+    }
+}
+
+// The k best candidates of src to sink slots [0, k) when there are more
+// than k, else all of them; then padding up to pad_to.
 template <class Src, class Sink>
 __device__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink, TopkSmem& sm) {
     if (threadIdx.x == 0) {
         sm.out_n = 0;
         sm.buf_n = 0;
     }
-    u64 prefix = 0;  // key >> shift of the bin chosen so far
-    u32 need = k;
-    u32 shift = 0;
-    bool buffered = false;
-    for (int lvl = 0; lvl < 6; ++lvl) {
+    count_top_digit(src, sm);  // (its first barrier publishes the counters' reset)
+    find_bin(sm, TOPK_MAX_BINS, k);
+    if (sm.res_total <= k) {
+        // Not more candidates than slots: all of them, then padding.
+        const u32 total = sm.res_total;
+        for_each_cand(src, [&](bool ok, float v, u32 idx) { emit_if(ok, v, idx, sink, sm); });
+        sink.pad(total, pad_to);
+        return;
+    }
+    const u32 bin0 = sm.res_bin;
+    u32 need = k - sm.res_above;
+    if (sm.res_cnt == need) {  // the whole bin is in
+        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+            emit_if(ok && (value_key(v) >> 20) >= bin0, v, idx, sink, sm);
+        });
+        return;
+    }
+    // Refine with the 64-bit key (value key << 32 | ~index), digits below the
+    // first: in shared memory when the bin fits the buffer, else by
+    // re-scanning the source (exact either way).
+    const bool buffered = sm.res_cnt <= TOPK_CAP;
+    if (buffered) {
+        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+            const u32 top = ok ? value_key(v) >> 20 : 0u;
+            emit_if(ok && top > bin0, v, idx, sink, sm);
+            const bool keep = ok && top == bin0;
+            if (__any_sync(0xffffffffu, keep)) {
+                const u32 j = warp_append(keep, &sm.buf_n);
+                if (keep) {
+                    sm.buf_v[j] = __float_as_uint(v);
+                    sm.buf_i[j] = idx;
+                }
+            }
+        });
+        __syncthreads();
+    }
+    u64 prefix = bin0;  // key >> shift of the bin chosen so far
+    u32 shift = kLevelShift[0];
+    for (int lvl = 1; lvl < 6; ++lvl) {
         shift = kLevelShift[lvl];
         const u32 width = kLevelWidth[lvl];
         const u32 nbins = 1u << width;
         for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
         __syncthreads();
         const u32 above_shift = shift + width;  // prefix bits above this digit
-        // Plain shared atomics: lanes rarely share a bin on real logits (many
-        // equal values serialize, which costs time, not correctness).
         auto count = [&](bool ok, float v, u32 idx) {
             const u64 key = cand_key(v, idx);
-            if (ok && (lvl == 0 || (key >> above_shift) == prefix))
+            if (ok && (key >> above_shift) == prefix)
                 atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
         };
         if (!buffered) {
             for_each_cand(src, count);
         } else {
             const u32 nb = sm.buf_n;
-            for (u32 base = 0; base < nb; base += TOPK_THREADS) {
-                const u32 j = base + threadIdx.x;
-                const bool ok = j < nb;
-                count(ok, ok ? __uint_as_float(sm.buf_v[j]) : 0.0f, ok ? sm.buf_i[j] : 0u);
-            }
+            for (u32 j = threadIdx.x; j < nb; j += TOPK_THREADS)
+                count(true, __uint_as_float(sm.buf_v[j]), sm.buf_i[j]);
         }
         __syncthreads();
         find_bin(sm, nbins, need);
-        if (lvl == 0 && sm.res_total <= k) {
-            // Not more candidates than slots: all of them, then padding.
-            const u32 total = sm.res_total;
-            for_each_cand(src, [&](bool ok, float v, u32 idx) {
-                const u32 slot = warp_append(ok, &sm.out_n);
-                if (ok) sink.emit(slot, v, idx);
-            });
-            sink.pad(total, pad_to);
-            return;
-        }
-        const u32 bin = sm.res_bin, above = sm.res_above, cnt = sm.res_cnt;
-        prefix = lvl == 0 ? (u64)bin : ((prefix << width) | bin);
-        need -= above;
-        if (cnt == need) break;  // every key of this bin is in: done
-        if (!buffered && cnt <= TOPK_CAP) {
-            // Emit the keys above the bin, keep the bin's keys for the next digits.
-            const u64 pre = prefix;
-            const u32 sh = shift;
-            for_each_cand(src, [&](bool ok, float v, u32 idx) {
-                const u64 top = ok ? (cand_key(v, idx) >> sh) : 0;
-                const bool sel = ok && top > pre;
-                const bool keep = ok && top == pre;
-                const u32 slot = warp_append(sel, &sm.out_n);
-                if (sel) sink.emit(slot, v, idx);
-                const u32 j = warp_append(keep, &sm.buf_n);
-                if (keep) {
-                    sm.buf_v[j] = __float_as_uint(v);
-                    sm.buf_i[j] = idx;
-                }
-            });
-            buffered = true;
-            __syncthreads();
-        }
-        // (all threads read res_* before find_bin of the next level rewrites them:
-        //  the histogram clear + barrier above sits in between)
+        prefix = (prefix << width) | sm.res_bin;
+        need -= sm.res_above;
+        if (sm.res_cnt == need) break;  // every key of this bin is in: done
+        // (res_* are read before the next level's find_bin rewrites them:
+        //  the histogram clear and its barrier sit in between)
     }
     // Selected: key >> shift >= prefix (within the buffer if one was made; the
     // keys above the buffered bin were emitted when it was filled).
     const u64 pre = prefix;
     const u32 sh = shift;
     auto emit_sel = [&](bool ok, float v, u32 idx) {
-        const bool sel = ok && (cand_key(v, idx) >> sh) >= pre;
-        const u32 slot = warp_append(sel, &sm.out_n);
-        if (sel) sink.emit(slot, v, idx);
+        emit_if(ok && (cand_key(v, idx) >> sh) >= pre, v, idx, sink, sm);
     };
     if (!buffered) {
         for_each_cand(src, emit_sel);
