@@ -26,7 +26,7 @@ pub const SUPERTILE_ALIGN: u32 = 512;
 const DECODE_THREADS: u32 = 128;
 const DECODE_WARPS: u32 = 4;
 const DECODE_MAX_PAGES_PER_CTA: u32 = 256;
-const PREFILL_THREADS: u32 = 512;
+const PREFILL_THREADS: u32 = 256;
 const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
@@ -239,14 +239,6 @@ fn check(l: &IndexerLaunch) -> Result<()> {
     Ok(())
 }
 
-/// The f16 decode scorer runs 64 heads as warp pairs (kernels/indexer_decode.cu).
-fn decode_threads(flavor: MmaFlavor, heads: u32) -> u32 {
-    match flavor {
-        MmaFlavor::F16 if heads > 48 => 2 * DECODE_THREADS,
-        _ => DECODE_THREADS,
-    }
-}
-
 fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
     use Kernel::*;
     let tile = heads.div_ceil(16);
@@ -294,7 +286,7 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
     let score_config = match l.route {
         Route::PagedDecode => LaunchConfig {
             grid: (l.rows, (s / PAGE_ROWS).div_ceil(pages_per_cta), 1),
-            block: (decode_threads(flavor, l.heads), 1, 1),
+            block: (DECODE_THREADS, 1, 1),
             shared_bytes: 0,
         },
         Route::SharedPrefill => LaunchConfig {
