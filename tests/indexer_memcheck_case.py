@@ -3,44 +3,57 @@
     compute-sanitizer --tool memcheck python tests/indexer_memcheck_case.py
 
 Runs decode (one and several chunks, two-stage top-k, physical output, an
-unmapped page, a partial last page, len 0) and shared-table prefill once each.
+unmapped page, a partial last page, len 0) and shared-table prefill through
+plan / bind / run, each once.
 """
 
 from __future__ import annotations
 
 import torch
-from b12x import _indexer_raw, cuda
+from b12x.attention import dsa_indexer as di
+from b12x.attention.dsa_indexer import reference as ref
+
+
+def case(rows, heads, width, lengths, mode, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    table_rows = 1 if mode == "prefill" else rows
+    pages = table_rows * width
+    k_fp8, scales = ref.quantize_index_k(torch.randn(pages, 64, 128, device="cuda", generator=g))
+    cache = ref.pack_index_k_cache(k_fp8, scales, page_stride=8448 + 16)
+    table = torch.randperm(pages, device="cuda", generator=g).int().reshape(table_rows, width)
+    table[0, 3] = -1
+    if mode == "prefill":
+        table = table.expand(rows, width)
+    return {
+        "q_fp8": torch.randn(rows, heads, 128, device="cuda", generator=g).to(torch.float8_e4m3fn),
+        "query_weights": torch.randn(rows, heads, device="cuda", generator=g),
+        "index_k_cache": cache,
+        "page_table": table,
+        "cache_lengths": torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+        "active_width": torch.tensor([max(lengths)], dtype=torch.int32, device="cuda"),
+    }
 
 
 def main() -> None:
-    torch.manual_seed(0)
-    dev = "cuda"
-    cuda.load_kernels(0)
-    rows, heads, width, topk = 3, 48, 20, 512
-    q = torch.randn(rows, heads, 128, device=dev).to(torch.float8_e4m3fn)
-    w = torch.randn(rows, heads, device=dev)
-    pages = rows * width
-    kcache = torch.randint(0, 100, (pages, 8448 + 16), dtype=torch.uint8, device=dev)[:, :8448]
-    kcache[:, 8192:8448] = torch.rand(pages, 64, device=dev).view(torch.uint8).reshape(pages, 256)
-    table = torch.randperm(pages, device=dev).int().reshape(rows, width)
-    table[1, 3] = -1
-    lengths = torch.tensor([width * 64 - 5, 700, 0], dtype=torch.int32, device=dev)
-    aw = lengths.max().reshape(1)
-    idx = torch.empty(rows, topk, dtype=torch.int32, device=dev)
-    sc = torch.empty(rows, topk, device=dev)
-    for supertile, slices, physical in [(1536, 1, False), (512, 1, True), (1536, 3, False)]:
-        plan = _indexer_raw.RawPlan(rows, heads, width, topk, supertile, slices, False, physical)
-        scratch = torch.empty(plan.scratch_bytes, dtype=torch.uint8, device=dev)
-        _indexer_raw.launch(plan, scratch, q, w, kcache, table, lengths, aw, idx, sc)
-    shared = table[:1].clone()
-    shared[0, 3] = table[0, 3]
-    plan = _indexer_raw.RawPlan(rows, heads, width, topk, 512, 1, True, False)
-    scratch = torch.empty(plan.scratch_bytes, dtype=torch.uint8, device=dev)
-    _indexer_raw.launch(
-        plan, scratch, q, w, kcache, shared.expand(rows, width), lengths, aw, idx, sc
-    )
-    torch.cuda.synchronize()
-    print("memcheck case done:", int((idx >= 0).sum()), "indices")
+    rows, heads, width = 3, 48, 300
+    for mode, supertile, space in [
+        ("decode", 0, "logical"),  # one chunk, two-stage top-k
+        ("decode", 1536, "physical"),  # several chunks
+        ("prefill", 1024, "logical"),
+    ]:
+        inputs = case(rows, heads, width, [width * 64 - 5, 700, 0], mode, seed=len(mode))
+        plan = di.plan(
+            di.Caps(device="cuda", num_q_heads=heads, max_q_rows=rows,
+                    max_page_table_width=width, topk=512, mode=mode,
+                    output_index_space=space, supertile_tokens=supertile)
+        )  # fmt: skip
+        out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+        sc = torch.empty(rows, 512, device="cuda")
+        scratch = torch.empty(plan.nbytes, dtype=torch.uint8, device="cuda")
+        b = di.bind(plan, scratch=scratch, output_indices=out, output_scores=sc, **inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        print(f"{mode} supertile={plan.supertile_tokens} slices={plan.topk_slices}: ok")
 
 
 if __name__ == "__main__":

@@ -61,13 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-torch", action="store_true", help="skip the torch arm")
 
 
-def kernel_policy(case: Case, sms: int) -> tuple[int, int]:
-    """(supertile, top-k slices) the b12x arm runs with."""
-    from b12x import _indexer_raw
-
-    return _indexer_raw.default_policy(case.rows, case.width, case.prefill, sms)
-
-
 def make_inputs(case: Case, device: str = "cuda"):
     import torch
 
@@ -153,47 +146,55 @@ def floors_us(case: Case) -> tuple[float, float]:
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
-    from b12x import _core, _indexer_raw, cuda
+    from b12x import _core
+    from b12x.attention import dsa_indexer as di
 
     result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters})
-    if not torch.cuda.is_available():
-        result.notes.append("no CUDA device: nothing to measure")
+    if not torch.cuda.is_available() or not di.is_supported():
+        result.notes.append("no supported CUDA device: nothing to measure")
         result.ok = False
         return result
     dev = torch.cuda.current_device()
-    cuda.load_kernels(dev)
-    info = _core.device_info(dev)
-    sms, l2 = int(info["multiprocessors"]), int(info["l2_bytes"])
+    l2 = int(_core.device_info(dev)["l2_bytes"])
     flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
-        supertile, slices = kernel_policy(case, sms)
-        plan = _indexer_raw.RawPlan(
-            rows_cap=case.rows,
-            heads=case.heads,
-            width=case.width,
-            topk=case.topk,
-            supertile=supertile,
-            slices=slices,
-            prefill=case.prefill,
+        plan = di.plan(
+            di.Caps(
+                device=f"cuda:{dev}",
+                num_q_heads=case.heads,
+                max_q_rows=case.rows,
+                max_page_table_width=case.width,
+                topk=case.topk,
+                mode="prefill" if case.prefill else "decode",
+            )
         )
-        scratch = torch.empty((plan.scratch_bytes,), dtype=torch.uint8, device="cuda")
+        scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
         idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
         sc = torch.empty((case.rows, case.topk), device="cuda")
-
-        def b12x_call(plan=plan, scratch=scratch, q=q, w=w, kcache=kcache, table=table,
-                      lengths=lengths, aw=aw, idx=idx, sc=sc):  # fmt: skip
-            _indexer_raw.launch(plan, scratch, q, w, kcache, table, lengths, aw, idx, sc)
-
+        binding = di.bind(
+            plan,
+            scratch=scratch,
+            q_fp8=q,
+            query_weights=w,
+            index_k_cache=kcache,
+            page_table=table,
+            cache_lengths=lengths,
+            active_width=aw,
+            output_indices=idx,
+            output_scores=sc,
+        )
         hbm, mma = floors_us(case)
         extra = {
             "hbm_floor_us": hbm,
             "fp8_floor_us": mma,
-            "supertile": supertile,
-            "slices": slices,
+            "supertile": plan.supertile_tokens,
+            "slices": plan.topk_slices,
         }
-        b = result.add(name, "b12x", time_graph_us(b12x_call, args.iters, flush), **extra)
+        b = result.add(
+            name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
+        )
         if not args.no_torch:
             ref = {}
 
@@ -217,6 +218,6 @@ def run(args: argparse.Namespace) -> BenchResult:
                 f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
             )
             del ref
-        del q, w, kcache, table, scratch
+        del q, w, kcache, table, scratch, binding
         torch.cuda.empty_cache()
     return result

@@ -5,6 +5,7 @@
 //! crate converts Python objects into the plain values this crate checks.
 
 pub mod error;
+pub mod indexer;
 pub mod tensor;
 pub mod validate;
 

@@ -2,9 +2,11 @@
 //! the logic lives in b12x-core and b12x-cuda.
 
 mod error;
-mod indexer_kernels;
+mod indexer;
 mod runtime;
 mod tensor;
+mod torch_abi;
+mod torch_stream;
 
 use pyo3::prelude::*;
 
@@ -12,7 +14,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
-    indexer_kernels::register(m)?;
+    indexer::register(m)?;
     tensor::register(m)?;
     Ok(())
 }
