@@ -11,6 +11,7 @@
 
 pub mod device;
 pub mod error;
+pub mod indexer;
 pub mod launch;
 pub mod ptx;
 pub mod topk_pad;
