@@ -134,7 +134,7 @@ def gpu_indexer_step(ordinal: int = 0) -> StepResult:
     device = torch.device("cuda", ordinal)
     torch.cuda.set_device(device)
     shape = Shape()
-    layer = IndexProjections(shape)
+    layer = IndexProjections(shape).to(device)
     positions = [4095, 16383, 40000, 65535, 90000, 110000, 120000, 131071]
     batch = build_batch(layer, module.reference, positions, [], device)
     rows = batch.rows[0]

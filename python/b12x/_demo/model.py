@@ -98,14 +98,15 @@ def build_batch(
     device: torch.device,
     seed: int = 1,
 ) -> Batch:
-    """One batch: decode tokens first (one request each), then prefill chunks.
+    """One batch on ``device`` (``layer`` must live there): decode tokens first
+    (one request each), then prefill chunks.
 
     ``decode_positions``: the model position of each decode token; its request
     has written K through it, so it sees ``(p + 1) // 4`` compressed rows.
     ``prefill_chunks``: ``(prompt_tokens, chunk_tokens)``, the chunk being the
     prompt's last tokens; row ``p`` sees ``(p + 1) // 4`` rows (C4 causality).
     """
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     requests = [(p + 1) // COMPRESS_RATIO for p in decode_positions]
     requests += [prompt // COMPRESS_RATIO for prompt, _ in prefill_chunks]
     pages_per = [_pages(n) for n in requests]
@@ -113,31 +114,33 @@ def build_batch(
     width = max(pages_per)
 
     # Physical pages are scattered, as a paged allocator leaves them.
-    pool = torch.randperm(total_pages, generator=g)
-    table = torch.full((len(requests), width), -1, dtype=torch.int32)
-    k_pages = torch.zeros((total_pages, PAGE_SIZE, layer.shape.head_dim))
+    pool = torch.randperm(total_pages, generator=g, device=device)
+    table = torch.full((len(requests), width), -1, dtype=torch.int32, device=device)
+    k_pages = torch.zeros((total_pages, PAGE_SIZE, layer.shape.head_dim), device=device)
     start = 0
     for r, (n, pages) in enumerate(zip(requests, pages_per, strict=True)):
         ids = pool[start : start + pages]
         start += pages
         table[r, :pages] = ids.int()
-        compressed = torch.randn((n, layer.shape.hidden), generator=g)
-        k = torch.zeros((pages * PAGE_SIZE, layer.shape.head_dim))
-        k[:n] = layer.keys(compressed)
+        k = torch.zeros((pages * PAGE_SIZE, layer.shape.head_dim), device=device)
+        for lo in range(0, n, 4096):  # compressed hidden states in slices: bounded memory
+            hi = min(n, lo + 4096)
+            compressed = torch.randn((hi - lo, layer.shape.hidden), generator=g, device=device)
+            k[lo:hi] = layer.keys(compressed)
         k_pages[ids] = k.view(pages, PAGE_SIZE, -1)
     k_fp8, scales = reference.quantize_index_k(k_pages)
     cache = reference.pack_index_k_cache(k_fp8, scales)
     cache = cache.contiguous().view(total_pages, PAGE_SIZE, -1)
 
     tokens = len(decode_positions) + sum(chunk for _, chunk in prefill_chunks)
-    x = torch.randn((tokens, layer.shape.hidden), generator=g)
+    x = torch.randn((tokens, layer.shape.hidden), generator=g, device=device)
     q_fp8, weights = layer.queries(x)
 
     rows: list[Rows] = []
     decode_n = len(decode_positions)
     decode = None
     if decode_n:
-        lengths = torch.tensor(requests[:decode_n], dtype=torch.int32)
+        lengths = torch.tensor(requests[:decode_n], dtype=torch.int32, device=device)
         decode = SimpleNamespace(
             seq_lens=lengths, block_table=table[:decode_n], requires_padding=False
         )
@@ -146,14 +149,14 @@ def build_batch(
     token = decode_n
     for i, (prompt, chunk_tokens) in enumerate(prefill_chunks):
         r = decode_n + i
-        positions = torch.arange(prompt - chunk_tokens, prompt)
+        positions = torch.arange(prompt - chunk_tokens, prompt, device=device)
         lengths = ((positions + 1) // COMPRESS_RATIO).to(torch.int32)
         chunks.append(
             SimpleNamespace(
                 num_reqs=1,
                 token_start=token,
                 token_end=token + chunk_tokens,
-                cu_seqlen_ks=torch.zeros(chunk_tokens, dtype=torch.int32),
+                cu_seqlen_ks=torch.zeros(chunk_tokens, dtype=torch.int32, device=device),
                 cu_seqlen_ke=lengths,
                 total_seq_lens=requests[r],
                 block_table=table[r : r + 1],
@@ -168,33 +171,7 @@ def build_batch(
         decode=decode,
         prefill=SimpleNamespace(chunks=chunks) if chunks else None,
     )
-    batch = Batch(q_fp8, weights, cache, table, metadata, rows, max(requests))
-    return to_device(batch, device)
-
-
-def to_device(batch: Batch, device: torch.device) -> Batch:
-    """The batch with every tensor (metadata included) on ``device``."""
-
-    def move(obj: Any) -> Any:
-        if isinstance(obj, torch.Tensor):
-            return obj.to(device)
-        if isinstance(obj, SimpleNamespace):
-            return SimpleNamespace(**{k: move(v) for k, v in vars(obj).items()})
-        if isinstance(obj, list):
-            return [move(v) for v in obj]
-        if isinstance(obj, Rows):
-            return Rows(obj.kind, obj.tokens, move(obj.page_table), move(obj.lengths))
-        return obj
-
-    return Batch(
-        move(batch.q_fp8),
-        move(batch.weights),
-        move(batch.cache),
-        move(batch.block_table),
-        move(batch.metadata),
-        move(batch.rows),
-        batch.max_k_rows,
-    )
+    return Batch(q_fp8, weights, cache, table, metadata, rows, max(requests))
 
 
 class GrowingWorkspace:

@@ -227,7 +227,7 @@ class _RowsCase:
         graph = torch.cuda.CUDAGraph()
         with (
             torch.cuda.stream(stream),
-            self.comm.capture(stream=stream),
+            self.comm.capture(),
             torch.cuda.graph(graph, stream=stream),
         ):
             self.fused(static_x, static_res)
