@@ -442,3 +442,17 @@ def test_forward_selection_matches_the_reference(monkeypatch):
     out = indexer(None, batch.q_fp8, None, batch.weights)
     check_selection(dsa_indexer.reference, batch, out, TOPK)
     assert int((out[0] >= 0).sum()) == 301 // 4  # C4 causality: (p + 1) // 4 rows visible
+
+
+def test_capacities_in_one_bucket_share_a_plan(monkeypatch, workspace):
+    dsa_indexer = pytest.importorskip("b12x.attention.dsa_indexer")
+    counting = CountingIndexer(dsa_indexer)
+    monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: counting)
+    indexer = make_indexer(buffer_rows=16)
+    for rows in (9, 10):  # one rows bucket: 10
+        inputs = seed_inputs(rows)
+        inputs["output"] = indexer.topk_indices_buffer[:rows]
+        indexer.run_paged_topk(**inputs)
+    assert counting.distinct_plans() == 1
+    assert counting.plans[0].max_q_rows == 10
+    assert [c.max_q_rows for c in counting.caps] == [9, 10]  # the adapter passes live sizes
