@@ -296,13 +296,13 @@ class StandinDeclaredPlanIndex:
 
 
 def pcie_or_standin() -> Any:
+    """``b12x.comm.pcie``'s names, each from the real module when it has it."""
     real = _real("b12x.comm.pcie")
-    if real is not None:
-        return real
     return SimpleNamespace(
-        Invocation=StandinInvocation,
-        DeclaredPlanIndex=StandinDeclaredPlanIndex,
+        Invocation=getattr(real, "Invocation", StandinInvocation),
+        DeclaredPlanIndex=getattr(real, "DeclaredPlanIndex", StandinDeclaredPlanIndex),
         UndeclaredPlanError=UndeclaredPlanError,
+        AllReduce=getattr(real, "AllReduce", None),
     )
 
 
