@@ -23,7 +23,9 @@ def _importable(name: str) -> bool:
 
 
 HAS_INDEXER = _importable("b12x.attention.dsa_indexer")
-HAS_PCIE = _importable("b12x.comm.pcie") and _importable("b12x.comm.pcie.allreduce")
+HAS_PCIE = _importable("b12x.comm.pcie.allreduce") and hasattr(
+    importlib.import_module("b12x.comm.pcie"), "DeclaredPlanIndex"
+)
 
 
 def _line(out: str, step: str) -> str:
