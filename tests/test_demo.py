@@ -60,7 +60,7 @@ def test_cpu_demo_runs_from_the_command_line():
         assert re.search(r"\d+/854 routed", lookups)
         assert re.search(r"hits (\d+)/\1, misses (\d+)/\2", lookups)
     else:
-        assert "skipped: b12x.comm.pcie is not in this build" in lookups
+        assert "skipped: the declared-plan index is not in this build" in lookups
     assert "indexer: decode, CUDA graph" not in out  # --gpus 0: no GPU steps
     assert "0 failed" in out
 

@@ -66,7 +66,10 @@ def lookup_step(world_size: int = 8) -> StepResult:
         from b12x.comm.pcie.allreduce import route  # noqa: F401
     except ImportError as e:
         return StepResult(
-            name, where, f"skipped: b12x.comm.pcie is not in this build ({e})", status="skip"
+            name,
+            where,
+            f"skipped: the declared-plan index is not in this build ({e})",
+            status="skip",
         )
     from b12x.integration.vllm import PcieAllReduce
 

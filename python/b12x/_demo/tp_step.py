@@ -36,7 +36,7 @@ def tp_step(gpus: int | None = None) -> StepResult:
     if world < 2:
         return StepResult(name, "gpus", f"skipped: needs 2+ GPUs (found {count})", status="skip")
     try:
-        from b12x.comm.pcie import AllReduce  # noqa: F401
+        from b12x.comm.pcie import AllReduce, DeclaredPlanIndex  # noqa: F401
     except ImportError as e:
         return StepResult(
             name,
