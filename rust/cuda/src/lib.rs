@@ -5,12 +5,15 @@
 //! * [`device`]: per-device module loading in the primary context (the one
 //!   torch uses). Modules load when a plan is made, never in a hot call.
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
+//! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
 //!
 //! cudarc is used with dynamic loading: nothing here needs libcuda until a
 //! function is called, and [`driver_present`] answers without panicking.
 
+pub mod allreduce;
 pub mod device;
 pub mod error;
+pub mod ipc;
 pub mod launch;
 pub mod ptx;
 pub mod topk_pad;
