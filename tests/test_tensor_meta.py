@@ -21,13 +21,13 @@ TORCH_DTYPES = {
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES), ids=list(TORCH_DTYPES.values()))
 def test_torch_path_reads_every_b12x_dtype(dtype):
     t = torch.empty((3, 5, 7), dtype=dtype)
-    name, device, shape, strides, ptr, offset = _core.tensor_meta(t)
-    assert name == TORCH_DTYPES[dtype]
-    assert device == "cpu"
-    assert shape == [3, 5, 7]
-    assert strides == [35, 7, 1]
-    assert ptr == t.data_ptr()
-    assert offset == 0
+    m = _core.tensor_meta(t)
+    assert m.dtype == TORCH_DTYPES[dtype]
+    assert m.device == "cpu"
+    assert m.shape == [3, 5, 7]
+    assert m.strides == [35, 7, 1]
+    assert m.data_ptr == t.data_ptr()
+    assert m.byte_offset == 0
 
 
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES), ids=list(TORCH_DTYPES.values()))
@@ -39,9 +39,13 @@ def test_dlpack_path_matches_torch_path(dtype):
         slow = _core.tensor_meta_dlpack(view)
     except (BufferError, RuntimeError, TypeError) as e:  # torch builds without fp8 DLPack
         pytest.skip(f"torch cannot export {dtype} through DLPack: {e}")
-    name, device, shape, strides, ptr, offset = slow
-    assert (name, device, shape, strides) == fast[:4]
-    assert ptr + offset == fast[4] == view.data_ptr()
+    assert (slow.dtype, slow.device, slow.shape, slow.strides) == (
+        fast.dtype,
+        fast.device,
+        fast.shape,
+        fast.strides,
+    )
+    assert slow.address == fast.address == view.data_ptr()
 
 
 @pytest.mark.parametrize(
@@ -51,16 +55,16 @@ def test_dlpack_path_matches_torch_path(dtype):
 def test_numpy_goes_through_dlpack(np_dtype, name):
     a = np.zeros((4, 3), dtype=np_dtype)[:, 1:]
     got = _core.tensor_meta(a)
-    assert got[0] == name
-    assert got[1] == "cpu"
-    assert got[2] == [4, 2]
-    assert got[3] == [3, 1]
-    assert got[4] + got[5] == a.__array_interface__["data"][0]
+    assert got.dtype == name
+    assert got.device == "cpu"
+    assert got.shape == [4, 2]
+    assert got.strides == [3, 1]
+    assert got.address == a.__array_interface__["data"][0]
 
 
 def test_tensor_subclass_uses_the_torch_path():
     p = torch.nn.Parameter(torch.zeros(4, 4))
-    assert _core.tensor_meta(p)[2] == [4, 4]
+    assert _core.tensor_meta(p).shape == [4, 4]
 
 
 @pytest.mark.parametrize("bad", [None, 3, [1, 2], "tensor", object()])

@@ -133,15 +133,13 @@ fn extract_torch(
         .iter()
         .find(|(d, _)| d.bind(py).is(&dtype_obj))
         .map_or(DType::Other { code: 255, bits: 0 }, |(_, d)| *d);
+    // Two C-level property reads; `tensor.device` would build a torch.device.
     let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
         Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract::<u32>()?)
+    } else if obj.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
+        Device::Cpu
     } else {
-        let kind = obj.getattr(intern!(py, "device"))?.getattr(intern!(py, "type"))?;
-        if kind.extract::<&str>()? == "cpu" {
-            Device::Cpu
-        } else {
-            Device::Other(-1)
-        }
+        Device::Other(-1)
     };
     Ok(TensorMeta {
         dtype,
@@ -241,28 +239,67 @@ pub fn extract_dlpack(
     })
 }
 
-fn meta_tuple<'py>(py: Python<'py>, m: &TensorMeta) -> PyResult<Bound<'py, PyTuple>> {
-    let dtype = m.dtype.to_string();
-    let device = m.device.to_string();
-    (dtype, device, m.shape.to_vec(), m.strides.to_vec(), m.data_ptr, m.byte_offset)
-        .into_pyobject(py)
+/// What b12x read off a tensor: the Python view of `TensorMeta`.
+#[pyclass(name = "TensorMeta", module = "b12x._core", frozen)]
+pub struct PyTensorMeta(TensorMeta);
+
+#[pymethods]
+impl PyTensorMeta {
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        self.0.dtype.name()
+    }
+    #[getter]
+    fn device(&self) -> String {
+        self.0.device.to_string()
+    }
+    #[getter]
+    fn shape(&self) -> Vec<i64> {
+        self.0.shape.to_vec()
+    }
+    #[getter]
+    fn strides(&self) -> Vec<i64> {
+        self.0.strides.to_vec()
+    }
+    #[getter]
+    fn data_ptr(&self) -> u64 {
+        self.0.data_ptr
+    }
+    #[getter]
+    fn byte_offset(&self) -> u64 {
+        self.0.byte_offset
+    }
+    /// Address of element 0 (`data_ptr + byte_offset`).
+    #[getter]
+    fn address(&self) -> u64 {
+        self.0.address()
+    }
+    fn __repr__(&self) -> String {
+        let m = &self.0;
+        format!(
+            "TensorMeta(dtype={}, device={}, shape={:?}, strides={:?}, address={:#x})",
+            m.dtype,
+            m.device,
+            m.shape.as_slice(),
+            m.strides.as_slice(),
+            m.address()
+        )
+    }
 }
 
-/// `(dtype, device, shape, strides, data_ptr, byte_offset)` as b12x reads it.
+/// Metadata of a torch tensor (fast attribute path) or any DLPack producer.
 #[pyfunction]
-fn tensor_meta<'py>(obj: &Bound<'py, PyAny>) -> PyB12xResult<Bound<'py, PyTuple>> {
-    let m = extract(obj, "tensor_meta", "tensor")?;
-    Ok(meta_tuple(obj.py(), &m)?)
+fn tensor_meta(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
+    Ok(PyTensorMeta(extract(obj, "tensor_meta", "tensor")?))
 }
 
 /// Same as `tensor_meta`, always through `__dlpack__` (for tests and benches).
 #[pyfunction]
-fn tensor_meta_dlpack<'py>(obj: &Bound<'py, PyAny>) -> PyB12xResult<Bound<'py, PyTuple>> {
+fn tensor_meta_dlpack(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
     if !obj.hasattr(intern!(obj.py(), "__dlpack__"))? {
         return Err(not_a_tensor(obj, "tensor_meta_dlpack", "tensor"));
     }
-    let m = extract_dlpack(obj, "tensor_meta_dlpack", "tensor")?;
-    Ok(meta_tuple(obj.py(), &m)?)
+    Ok(PyTensorMeta(extract_dlpack(obj, "tensor_meta_dlpack", "tensor")?))
 }
 
 fn parse_dtype(name: &str) -> PyB12xResult<DType> {
@@ -341,6 +378,7 @@ fn validate_operand(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyTensorMeta>()?;
     m.add_function(wrap_pyfunction!(tensor_meta, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_meta_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(validate_operand, m)?)?;
