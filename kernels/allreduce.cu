@@ -253,6 +253,110 @@ __device__ __forceinline__ void twoshot(const ArCtx& c, const T* inp, T* out, u6
     ar_advance_epoch(c, h.epoch);
 }
 
+// Push transport (NVLink): no staging copy. Rank s's slot has one region of
+// `stride` packs per rank: region r != s receives rank r's data of shard s
+// (remote stores by rank r), region s holds s's reduced shard for the pull.
+// 1. store the own data of every other shard s into rank s's region [rank];
+// 2. barrier; reduce the own shard from the input and the received regions,
+//    store it to out and to the own region [rank];
+// 3. barrier; pull every other shard's reduced packs from its owner.
+template <typename T>
+__device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* out, u64 packs) {
+    const ArHeader h = ar_read_header(c);
+    if (h.error) return;
+    const u64 slot = ar_slot_offset(c, h.epoch);
+    u8* mine = (u8*)c.own + slot;
+    const uint4* src = (const uint4*)inp;
+    uint4* dst = (uint4*)out;
+    const u64 base = packs / c.world, rem = packs % c.world;
+    const u64 stride_packs = base + (rem != 0);
+    const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    const u64 stride = (u64)gridDim.x * blockDim.x;
+
+    for (u32 s = 0; s < c.world; ++s) {
+        if (s == c.rank) continue;
+        const u64 start = shard_start(base, rem, s), len = base + (s < rem);
+        u8* owner = (u8*)(ld_nc_u64((const u64*)c.peers + s) + slot) +
+                    (u64)c.rank * stride_packs * 16;
+        for (u64 j0 = first; j0 < len; j0 += stride * TWOSHOT_UNROLL) {
+            uint4 v[TWOSHOT_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) v[u] = ld_v4(src + start + j);
+            }
+#pragma unroll
+            for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) st_v4(owner + j * 16, v[u]);
+            }
+        }
+    }
+
+    if (!ar_barrier(c, 2 * h.epoch + 1)) return;
+
+    {
+        const u64 start = shard_start(base, rem, c.rank), len = base + (c.rank < rem);
+        for (u64 j0 = first; j0 < len; j0 += stride * 2) {
+            uint4 v[2][AR_MAX_WORLD];
+#pragma unroll
+            for (u32 u = 0; u < 2; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) {
+#pragma unroll
+                    for (u32 r = 0; r < AR_MAX_WORLD; ++r)
+                        if (r < c.world)
+                            v[u][r] = r == c.rank
+                                          ? ld_v4(src + start + j)
+                                          : ld_peer_v4(mine + (r * stride_packs + j) * 16);
+                }
+            }
+#pragma unroll
+            for (u32 u = 0; u < 2; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) {
+                    float acc[Pack<T>::N];
+                    Pack<T>::to_f32(v[u][0], acc);
+#pragma unroll
+                    for (u32 r = 1; r < AR_MAX_WORLD; ++r)
+                        if (r < c.world) Pack<T>::add_f32(v[u][r], acc);
+                    const uint4 y = Pack<T>::from_f32(acc);
+                    st_v4(dst + start + j, y);
+                    st_v4(mine + (c.rank * stride_packs + j) * 16, y);
+                }
+            }
+        }
+    }
+
+    if (!ar_barrier(c, 2 * h.epoch + 2)) return;
+
+    for (u32 s = 0; s < c.world; ++s) {
+        if (s == c.rank) continue;
+        const u64 start = shard_start(base, rem, s), len = base + (s < rem);
+        const u8* owner = (const u8*)(ld_nc_u64((const u64*)c.peers + s) + slot) +
+                          (u64)s * stride_packs * 16;
+        for (u64 j0 = first; j0 < len; j0 += stride * TWOSHOT_UNROLL) {
+            uint4 v[TWOSHOT_UNROLL];
+#pragma unroll
+            for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) v[u] = ld_peer_v4(owner + j * 16);
+            }
+#pragma unroll
+            for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
+                const u64 j = j0 + u * stride;
+                if (j < len) st_v4(dst + start + j, v[u]);
+            }
+        }
+    }
+    ar_advance_epoch(c, h.epoch);
+}
+
+B12X_KERNEL void __launch_bounds__(512) b12x_allreduce_twoshot_push_bf16(
+    const ArCtx c, const __nv_bfloat16* inp, __nv_bfloat16* out, u64 packs) {
+    twoshot_push<__nv_bfloat16>(c, inp, out, packs);
+}
+
 B12X_KERNEL void __launch_bounds__(512) b12x_allreduce_twoshot_bf16(const ArCtx c,
                                                                     const __nv_bfloat16* inp,
                                                                     __nv_bfloat16* out,

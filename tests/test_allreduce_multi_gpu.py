@@ -167,8 +167,14 @@ def _check_plain(torch, dist, ar, shape, dtype, seed, graph):
 
 
 def _fused_reference(torch, dist, inp, residual, weight, eps):
-    reduced = _nccl_sum(torch, dist, inp)
-    r = reduced.float() + residual.float()
+    """The kernel's math in torch: fp32 sum over ranks in rank order, plus the
+    residual, one rounding for residual_out; RMSNorm of the unrounded sum."""
+    gathered = [torch.empty_like(inp) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, inp)
+    r = gathered[0].float()
+    for t in gathered[1:]:
+        r = r + t.float()
+    r = r + residual.float()
     out = r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     return out.to(inp.dtype), r.to(inp.dtype)
 
@@ -236,7 +242,9 @@ def _scenario_oneshot(torch, dist, AllReduce, Limits):
     # out=None allocates; a transposed (dense) view works as a flat buffer
     x = _rand(torch, (64, 32), torch.bfloat16, 5).t()
     ar.declare([Inv("t", "all_reduce", x.shape, x.dtype, strides=x.stride())])
-    torch.testing.assert_close(ar.all_reduce(x), _nccl_sum(torch, dist, x))
+    got = ar.all_reduce(x)
+    assert got.stride() == x.stride()
+    torch.testing.assert_close(got, _nccl_sum(torch, dist, x.contiguous()))
     ar.close()
     ar.close()  # idempotent
     assert not ar.has_plan_for(x)
@@ -244,17 +252,19 @@ def _scenario_oneshot(torch, dist, AllReduce, Limits):
 
 def _scenario_twoshot(torch, dist, AllReduce, Limits):
     limits = Limits(oneshot_max=0, fused_max=0, twoshot_max=32 << 20, twoshot_row_elems=8)
-    ar = AllReduce(limits=limits, timeout_s=30)
-    assert ar.enabled, ar.disabled_reason
     world = dist.get_world_size()
     cases = [(nbytes // 2,) for nbytes in TWOSHOT_SIZES if (nbytes // 2) % (8 * world) == 0]
     cases.append((48, 7168))
-    ar.declare(Inv(f"c{i}", "all_reduce", s, torch.bfloat16) for i, s in enumerate(cases))
-    assert [p.route for _, p in ar.declared_plans] == ["twoshot"] * len(cases)
-    for i, shape in enumerate(cases):
-        _check_plain(torch, dist, ar, shape, torch.bfloat16, 100 + i, graph=False)
-        _check_plain(torch, dist, ar, shape, torch.bfloat16, 100 + i, graph=True)
-    ar.close()
+    for push in (False, True):
+        ar = AllReduce(limits=limits, timeout_s=30, twoshot_push=push)
+        assert ar.enabled, ar.disabled_reason
+        ar.declare(Inv(f"c{i}", "all_reduce", s, torch.bfloat16) for i, s in enumerate(cases))
+        plans = [p for _, p in ar.declared_plans]
+        assert [(p.route, p.twoshot_push) for p in plans] == [("twoshot", push)] * len(cases)
+        for i, shape in enumerate(cases):
+            _check_plain(torch, dist, ar, shape, torch.bfloat16, 100 + i, graph=False)
+            _check_plain(torch, dist, ar, shape, torch.bfloat16, 100 + i, graph=True)
+        ar.close()
 
 
 def _scenario_fused(torch, dist, AllReduce, Limits):
@@ -393,6 +403,21 @@ def _scenario_capture_refusals(torch, dist, AllReduce, Limits):
     ar.close()
 
 
+def _scenario_auto_transport(torch, dist, AllReduce, Limits):
+    """The auto two-shot transport is decided collectively: equal on all ranks."""
+    ar = AllReduce(limits=Limits(oneshot_max=4096, fused_max=0, twoshot_max=0), timeout_s=30)
+    assert ar.enabled and isinstance(ar.twoshot_push, bool), ar
+    flags = [torch.zeros(1, device="cuda") for _ in range(dist.get_world_size())]
+    dist.all_gather(flags, torch.tensor([float(ar.twoshot_push)], device="cuda"))
+    assert len({f.item() for f in flags}) == 1
+    print(
+        f"rank {dist.get_rank()}: auto two-shot transport = "
+        f"{'push' if ar.twoshot_push else 'pull'}",
+        flush=True,
+    )
+    ar.close()
+
+
 SCENARIOS = [
     ("oneshot", _scenario_oneshot),
     ("twoshot", _scenario_twoshot),
@@ -400,6 +425,7 @@ SCENARIOS = [
     ("reference_tp2", _scenario_reference_tp2),
     ("reference_layers", _scenario_reference_layers),
     ("capture_refusals", _scenario_capture_refusals),
+    ("auto_transport", _scenario_auto_transport),
 ]
 
 

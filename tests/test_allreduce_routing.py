@@ -276,3 +276,48 @@ def test_undeclared_lookups_never_insert():
     assert len(index) == 0
     msg = index.miss_message(torch.empty(3, 4), ar.PLAIN)
     assert "no declared plan for all_reduce on shape (3, 4)" in msg
+
+
+# ------------------------------------------------------------- collective setup (gloo, CPU)
+def _gloo_setup_worker(rank, world, port, outdir):
+    import json
+    import os
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    os.environ["B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK"] = "1"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    from b12x.comm.pcie.allreduce import AllReduce
+
+    runtime = AllReduce(device=0)  # no GPU needed: setup fails before touching one
+    runtime.declare([Inv("x", ar.PLAIN, (8,), torch.float32)])
+    result = {
+        "enabled": runtime.enabled,
+        "reason": runtime.disabled_reason,
+        "has_plan": runtime.has_plan_for(torch.empty(8)),
+    }
+    runtime.close()
+    runtime.close()
+    Path(outdir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def test_a_setup_failure_on_one_rank_disables_every_rank(tmp_path):
+    """Without a driver every rank fails 'validate'; with one, rank 1's test hook
+    fails 'allocate'. Either way no rank enables the runtime."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_gloo_setup_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        r = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert r["enabled"] is False and r["has_plan"] is False, r
+        assert "failed on rank(s)" in r["reason"] and "1" in r["reason"], r

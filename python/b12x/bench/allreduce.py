@@ -3,16 +3,17 @@
 Spawns one process per GPU (NCCL group on 127.0.0.1). Graph cases replay a
 captured CUDA graph of ``--calls`` back-to-back calls and report microseconds
 per call (CUDA events around every replay, ``--samples`` replays); eager cases
-time ``--calls`` launches from Python. Arms: ``b12x``, ``nccl``,
-``symm_one_shot`` / ``symm_two_shot`` (torch SymmetricMemory, where it runs)
-and, for the fused case, ``nccl+rmsnorm`` (NCCL all-reduce, residual add,
-``torch.nn.functional.rms_norm``).
+time ``--calls`` launches from Python. Arms: ``b12x`` (default transport),
+``b12x_pull`` (two-shot with the pull transport), ``nccl``, ``symm_one_shot`` /
+``symm_two_shot`` (torch SymmetricMemory in place on its own buffer, where it
+runs), ``symm_two_shot+copy`` (the same after copying the input into that
+buffer, as a caller whose tensor lives elsewhere must) and, for the fused case,
+``nccl+rmsnorm`` (NCCL all-reduce, residual add, ``torch.nn.functional.rms_norm``).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -97,11 +98,12 @@ def _verdicts(result: BenchResult) -> list[str]:
         if in_range:
             line += f" (target <= {TARGETS[kind]}: {'met' if ratio <= TARGETS[kind] else 'MISSED'})"
         if kind == "twoshot":
-            try:
-                symm = row["median_us"] / result.median(row["case"], "symm_two_shot")
-                line += f"; b12x/symm_two_shot = {symm:.2f} ({'met' if symm <= 1 else 'MISSED'})"
-            except KeyError:
-                pass
+            for arm in ("symm_two_shot", "symm_two_shot+copy"):
+                try:
+                    symm = row["median_us"] / result.median(row["case"], arm)
+                except KeyError:
+                    continue
+                line += f"; b12x/{arm} = {symm:.2f} ({'met' if symm <= 1 else 'MISSED'})"
         lines.append(line)
     return lines
 
@@ -186,15 +188,15 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
             torch.cuda.synchronize()
 
     one = AllReduce(limits=Limits(oneshot_max=max(ONESHOT_BYTES), fused_max=1 << 20, twoshot_max=0))
-    two = AllReduce(
-        limits=Limits(
-            oneshot_max=0, fused_max=0, twoshot_max=max(TWOSHOT_BYTES), twoshot_row_elems=8
-        )
+    two_limits = Limits(
+        oneshot_max=0, fused_max=0, twoshot_max=max(TWOSHOT_BYTES), twoshot_row_elems=8
     )
-    if not (one.enabled and two.enabled):
-        raise RuntimeError(
-            f"b12x all-reduce disabled: {one.disabled_reason or two.disabled_reason}"
-        )
+    two = AllReduce(limits=two_limits)
+    two_pull = AllReduce(limits=two_limits, twoshot_push=False)
+    for ar in (one, two, two_pull):
+        if not ar.enabled:
+            raise RuntimeError(f"b12x all-reduce disabled: {ar.disabled_reason}")
+    notes.append(f"b12x two-shot default transport here: {'push' if two.twoshot_push else 'pull'}")
     weight = torch.linspace(0.5, 1.5, HIDDEN, device="cuda", dtype=bf16)
     eps = 1e-6
     one.declare(
@@ -204,7 +206,8 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
             for r in fused_rows
         ]
     )
-    two.declare([_Inv(f"t{n}", "all_reduce", (n // 2,), bf16) for n in twoshot_bytes])
+    for ar in (two, two_pull):
+        ar.declare([_Inv(f"t{n}", "all_reduce", (n // 2,), bf16) for n in twoshot_bytes])
 
     symm = _symm_mem(torch, dist, max(TWOSHOT_BYTES) // 2, notes)
     group_name = dist.group.WORLD.group_name
@@ -240,6 +243,7 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
         y = torch.empty_like(x)
         case = f"twoshot_{nbytes}B_graph"
         measure(case, "b12x", lambda x=x, y=y: two.all_reduce(x, y), bytes=nbytes)
+        measure(case, "b12x_pull", lambda x=x, y=y: two_pull.all_reduce(x, y), bytes=nbytes)
         measure(case, "nccl", lambda x=x: dist.all_reduce(x), bytes=nbytes)
         if symm is not None:
             s = symm[: nbytes // 2]
@@ -250,6 +254,12 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
                 lambda s=s: torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", group_name),
                 bytes=nbytes,
             )
+
+            def symm_with_copy(s=s, x=x):
+                s.copy_(x)
+                torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", group_name)
+
+            measure(case, "symm_two_shot+copy", symm_with_copy, bytes=nbytes)
 
     for r in fused_rows:
         x = torch.randn(r, HIDDEN, device="cuda").to(bf16)
@@ -270,8 +280,8 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
 
         measure(case, "nccl+rmsnorm", nccl_rmsnorm, **extra)
 
-    one.close()
-    two.close()
+    for ar in (one, two, two_pull):
+        ar.close()
     if rank == 0:
         Path(out_path).write_text(json.dumps({"rows": rows, "notes": notes}))
     dist.barrier()
@@ -284,9 +294,6 @@ def _symm_mem(torch, dist, numel, notes):
         import torch.distributed._symmetric_memory as symm_mem
 
         group_name = dist.group.WORLD.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            with contextlib.suppress(Exception):  # deprecated/no-op in newer torch
-                symm_mem.enable_symm_mem_for_group(group_name)
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=torch.device("cuda"))
         symm_mem.rendezvous(buf, group_name)
         buf.normal_()

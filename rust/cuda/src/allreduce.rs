@@ -48,8 +48,14 @@ pub fn fused_kernel(dtype: DType, packs_per_thread: u32) -> Option<Kernel> {
     })
 }
 
-pub fn twoshot_kernel(dtype: DType) -> Option<Kernel> {
-    (dtype == DType::BF16).then_some(Kernel::ArTwoShotBF16)
+/// `push`: peers store their shards into the owner's slot (NVLink) instead of
+/// the owner pulling them from the peers' staged copies (PCIe-friendly).
+pub fn twoshot_kernel(dtype: DType, push: bool) -> Option<Kernel> {
+    (dtype == DType::BF16).then_some(if push {
+        Kernel::ArTwoShotPushBF16
+    } else {
+        Kernel::ArTwoShotBF16
+    })
 }
 
 fn config(g: Geometry) -> LaunchConfig {
@@ -152,8 +158,9 @@ mod tests {
                 assert!(fused_kernel(dtype, ppt).is_some());
             }
         }
-        assert!(twoshot_kernel(DType::BF16).is_some());
-        assert!(twoshot_kernel(DType::F16).is_none());
+        assert_eq!(twoshot_kernel(DType::BF16, false), Some(Kernel::ArTwoShotBF16));
+        assert_eq!(twoshot_kernel(DType::BF16, true), Some(Kernel::ArTwoShotPushBF16));
+        assert!(twoshot_kernel(DType::F16, false).is_none());
         assert!(fused_kernel(DType::BF16, 3).is_none());
     }
 }

@@ -20,7 +20,7 @@ pub mod topk_pad;
 
 pub use device::{
     can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,
-    loaded, DeviceInfo, DeviceModules,
+    loaded, p2p_native_atomics, pci_bus_id, DeviceInfo, DeviceModules,
 };
 pub use error::{CudaError, Result};
 pub use ptx::{Kernel, PtxModule, MODULES, PTX_ISA, PTX_TARGET};

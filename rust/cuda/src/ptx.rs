@@ -54,6 +54,7 @@ modules! {
         ArFusedF32P2 = "b12x_allreduce_fused_f32_p2",
         ArFusedF32P4 = "b12x_allreduce_fused_f32_p4",
         ArTwoShotBF16 = "b12x_allreduce_twoshot_bf16",
+        ArTwoShotPushBF16 = "b12x_allreduce_twoshot_push_bf16",
     ],
 }
 

@@ -83,6 +83,7 @@ fn allreduce_route(
 /// A prepared all-reduce: kernel and launch geometry for one declared
 /// (route, shape, dtype). Equal declarations share one plan.
 #[pyclass(name = "AllReducePlan", module = "b12x._core", frozen)]
+#[derive(Debug)]
 pub struct PyAllReducePlan {
     route: Route,
     dtype: DType,
@@ -90,6 +91,7 @@ pub struct PyAllReducePlan {
     numel: u64,
     rows: u32,
     hidden: u32,
+    world: u32,
     geometry: Geometry,
     kernel: Kernel,
 }
@@ -97,12 +99,14 @@ pub struct PyAllReducePlan {
 #[pymethods]
 impl PyAllReducePlan {
     #[new]
+    #[pyo3(signature = (route, shape, dtype, world, multiprocessors, twoshot_push = false))]
     fn new(
         route: &str,
         shape: Vec<i64>,
         dtype: &str,
         world: u32,
         multiprocessors: u32,
+        twoshot_push: bool,
     ) -> PyB12xResult<Self> {
         const OP: &str = "AllReducePlan";
         let dtype = dtype_from_name(OP, dtype)?;
@@ -124,7 +128,7 @@ impl PyAllReducePlan {
             }
             "twoshot" => {
                 let g = twoshot_geometry(packs, world, multiprocessors);
-                (Route::TwoShot, g, launch::twoshot_kernel(dtype), 0, 0)
+                (Route::TwoShot, g, launch::twoshot_kernel(dtype, twoshot_push), 0, 0)
             }
             "oneshot_fused" => {
                 let hidden = *shape.last().unwrap_or(&0) as u64;
@@ -154,7 +158,7 @@ impl PyAllReducePlan {
         let kernel = kernel.ok_or_else(|| {
             invalid(OP, "dtype", "a dtype this route supports", dtype.name().into())
         })?;
-        Ok(PyAllReducePlan { route, dtype, shape, numel, rows, hidden, geometry, kernel })
+        Ok(PyAllReducePlan { route, dtype, shape, numel, rows, hidden, world, geometry, kernel })
     }
 
     #[getter]
@@ -181,6 +185,10 @@ impl PyAllReducePlan {
     #[getter]
     fn kernel(&self) -> &'static str {
         self.kernel.symbol()
+    }
+    #[getter]
+    fn twoshot_push(&self) -> bool {
+        self.kernel == Kernel::ArTwoShotPushBF16
     }
 
     fn __repr__(&self) -> String {
@@ -484,13 +492,23 @@ impl PyIpcAllReduce {
         check_operand(plan, self.ordinal, "out", &o)?;
         same_layout(&i, &o, "out")?;
         let nbytes = plan.numel * plan.dtype.itemsize();
-        if nbytes > self.layout.slot_bytes {
+        // the push two-shot rounds each rank's slot region up to the largest shard
+        let staged = match plan.route {
+            Route::TwoShot => (nbytes / 16).div_ceil(self.world as u64) * self.world as u64 * 16,
+            _ => nbytes,
+        };
+        if staged > self.layout.slot_bytes || plan.world != self.world {
             return Err(CoreError::Capacity {
                 op: RUN,
                 operand: "inp".into(),
                 limit: self.layout.slot_bytes,
-                got: nbytes,
-                hint: "bytes; raise the limits the runtime was built with".into(),
+                got: staged,
+                hint: format!(
+                    "staged bytes (plan for world {}, runtime world {}); declare through this \
+                     runtime, whose limits size its slots",
+                    plan.world, self.world
+                )
+                .into(),
             }
             .into());
         }
@@ -518,8 +536,14 @@ impl PyIpcAllReduce {
     ) -> PyB12xResult<()> {
         let plan = plan.get();
         let ctx = self.ready()?;
-        if plan.route != Route::Fused {
-            return Err(invalid(RUN, "plan", "a fused plan", plan.route.name().into()).into());
+        if plan.route != Route::Fused || plan.world != self.world {
+            return Err(invalid(
+                RUN,
+                "plan",
+                "a fused plan of this world size",
+                format!("{plan:?}"),
+            )
+            .into());
         }
         let metas = [
             ("inp", extract(inp, RUN, "inp")?),
@@ -568,7 +592,22 @@ impl PyIpcAllReduce {
     }
 }
 
+/// PCI bus id of `ordinal` (names a GPU across processes).
+#[pyfunction]
+fn pci_bus_id(ordinal: u32) -> PyB12xResult<String> {
+    Ok(b12x_cuda::pci_bus_id(ordinal)?)
+}
+
+/// Native P2P atomics both ways between `ordinal` and the GPU at `peer_bus_id`
+/// (NVLink yes, PCIe no); None if that GPU is not visible here.
+#[pyfunction]
+fn p2p_native_atomics(ordinal: u32, peer_bus_id: &str) -> PyB12xResult<Option<bool>> {
+    Ok(b12x_cuda::p2p_native_atomics(ordinal, peer_bus_id)?)
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(pci_bus_id, m)?)?;
+    m.add_function(wrap_pyfunction!(p2p_native_atomics, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_parse_byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_parse_optional_byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(allreduce_route, m)?)?;

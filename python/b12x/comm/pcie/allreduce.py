@@ -27,6 +27,10 @@ variable                                                  default     meaning
 ``VLLM_PCIE_TWOSHOT_ROW_ELEMS``                           4096        two-shot needs numel %
                                                                       (world * row_elems) == 0
 ``B12X_ALLREDUCE_TIMEOUT_S``                              60          bound of every cross-GPU wait
+``B12X_ALLREDUCE_TWOSHOT_PUSH``                           auto        two-shot transport: 1 push,
+                                                                      0 pull, auto: push iff every
+                                                                      pair has native P2P atomics
+                                                                      (NVLink), else pull (PCIe)
 ========================================================  ==========  =============================
 
 The defaults are for NVLink H200 pairs (``b12x bench allreduce``): there the
@@ -58,6 +62,7 @@ __all__ = [
     "ENV_ONESHOT_MAX",
     "ENV_TIMEOUT",
     "ENV_TWOSHOT_MAX",
+    "ENV_TWOSHOT_PUSH",
     "ENV_TWOSHOT_ROW_ELEMS",
     "FUSED",
     "PLAIN",
@@ -79,6 +84,7 @@ ENV_FUSED_MAX = "VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE"
 ENV_TWOSHOT_MAX = "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE"
 ENV_TWOSHOT_ROW_ELEMS = "VLLM_PCIE_TWOSHOT_ROW_ELEMS"
 ENV_TIMEOUT = "B12X_ALLREDUCE_TIMEOUT_S"
+ENV_TWOSHOT_PUSH = "B12X_ALLREDUCE_TWOSHOT_PUSH"
 # Test hook: the rank named here fails its slab allocation (proves that one
 # rank's setup failure disables the runtime on every rank).
 ENV_FAIL_SETUP_RANK = "B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK"
@@ -211,7 +217,11 @@ def plan_key(
 
 
 def prepare_declarations(
-    invocations: Iterable[Any], world: int, limits: Limits, multiprocessors: int
+    invocations: Iterable[Any],
+    world: int,
+    limits: Limits,
+    multiprocessors: int,
+    twoshot_push: bool = False,
 ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, str]]]:
     """Route every invocation and prepare one plan per distinct declaration.
 
@@ -219,7 +229,8 @@ def prepare_declarations(
     (None = contiguous). Returns ``(routed, declined)``: routed is
     ``[(invocation, plan)]`` in declaration order, where equal declarations
     (route, shape, dtype, address strides) share one ``_core.AllReducePlan``;
-    declined is ``[(invocation, why)]``. Pure host logic: no GPU needed.
+    declined is ``[(invocation, why)]``. ``twoshot_push`` picks the two-shot
+    transport. Pure host logic: no GPU needed.
     """
     plans: dict[tuple[Any, ...], Any] = {}
     routed: list[tuple[Any, Any]] = []
@@ -315,6 +326,12 @@ class AllReduce:
         Bound of every cross-GPU wait (default ``B12X_ALLREDUCE_TIMEOUT_S`` or
         60 s). A wait that exceeds it records an error that surfaces as
         :class:`b12x.errors.CollectiveTimeoutError` instead of a hang.
+    twoshot_push
+        Two-shot transport: True, peers store their shards into the owner's
+        slot (fast over NVLink, slow SM peer writes over PCIe); False, the owner
+        pulls them from the peers' staged copies (the reference protocol).
+        None: ``B12X_ALLREDUCE_TWOSHOT_PUSH`` (0, 1 or auto, the default:
+        push iff every pair of GPUs has native P2P atomics, i.e. NVLink).
     """
 
     def __init__(
@@ -324,6 +341,7 @@ class AllReduce:
         device: Any = None,
         limits: Limits | None = None,
         timeout_s: float | None = None,
+        twoshot_push: bool | None = None,
     ) -> None:
         import torch
         import torch.distributed as dist
@@ -340,6 +358,12 @@ class AllReduce:
         if not timeout_s > 0:
             raise ValueError(f"AllReduce: timeout_s expected > 0, got {timeout_s}")
         self.timeout_s = float(timeout_s)
+        if twoshot_push is None:
+            choice = os.environ.get(ENV_TWOSHOT_PUSH, "auto").strip().lower()
+            if choice not in ("0", "1", "auto"):
+                raise ValueError(f"{ENV_TWOSHOT_PUSH}: expected 0, 1 or auto, got {choice!r}")
+            twoshot_push = None if choice == "auto" else choice == "1"
+        self.twoshot_push: bool | None = twoshot_push  # None until setup decides (auto)
         self.enabled = False
         self.disabled_reason: str | None = None
         self._ordinal = self.device.index
@@ -381,6 +405,7 @@ class AllReduce:
             self.world_size,
             *self.limits.as_tuple(),
             round(self.timeout_s * 1e9),
+            int(bool(self.twoshot_push)),
         ]
 
     def _setup(self) -> None:
@@ -398,6 +423,8 @@ class AllReduce:
             error = e
         if not self._agree("validate", error):
             return
+        if self.twoshot_push is None:
+            self.twoshot_push = self._all_pairs_nvlink()
         mine = torch.tensor(self._contract(), dtype=torch.int64, device=self._comm_device)
         theirs = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(theirs, mine, group=self.group)
@@ -447,13 +474,40 @@ class AllReduce:
             return
         self.enabled = True
         log.info(
-            "b12x IPC all-reduce enabled on rank %d/%d (cuda:%d, slab %d bytes, limits %s)",
+            "b12x IPC all-reduce enabled on rank %d/%d (cuda:%d, slab %d bytes, limits %s, "
+            "two-shot %s)",
             self.rank,
             self.world_size,
             self._ordinal,
             self._rt.slab_bytes,
             self.limits,
+            "push" if self.twoshot_push else "pull",
         )
+
+    def _all_pairs_nvlink(self) -> bool:
+        """True iff every rank sees native P2P atomics to every peer (NVLink)."""
+        import torch
+        import torch.distributed as dist
+
+        try:
+            mine = _core.pci_bus_id(self._ordinal).encode()[:31]
+        except Exception:
+            mine = b""  # unknown: no peer can match it, so the verdict is pull
+        ids = torch.frombuffer(bytearray(mine.ljust(32, b"\0")), dtype=torch.uint8)
+        ids = ids.to(self._comm_device)
+        gathered = [torch.empty_like(ids) for _ in range(self.world_size)]
+        dist.all_gather(gathered, ids, group=self.group)
+        verdict = bool(mine)
+        for r, t in enumerate(gathered):
+            if r != self.rank and verdict:
+                bus = bytes(t.cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+                try:
+                    verdict = _core.p2p_native_atomics(self._ordinal, bus) is True
+                except Exception:
+                    verdict = False
+        flag = torch.tensor([int(verdict)], dtype=torch.int32, device=self._comm_device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
 
     def _free_local(self) -> None:
         if self._rt is not None:
@@ -477,7 +531,11 @@ class AllReduce:
             self._index = _PlanIndex([])
             return
         routed, declined = prepare_declarations(
-            invocations, self.world_size, self.limits, self._rt.multiprocessors
+            invocations,
+            self.world_size,
+            self.limits,
+            self._rt.multiprocessors,
+            bool(self.twoshot_push),
         )
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)

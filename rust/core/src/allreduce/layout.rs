@@ -21,9 +21,11 @@ pub struct SlabLayout {
 }
 
 impl SlabLayout {
-    /// A slab whose slots hold `max_bytes` (at least one slot alignment).
+    /// A slab whose slots hold `max_bytes`, plus one alignment unit of headroom:
+    /// the push two-shot rounds every rank's region up to the largest shard
+    /// (at most MAX_WORLD extra 16-byte packs).
     pub fn for_max_bytes(max_bytes: u64) -> Option<Self> {
-        let slot_bytes = max_bytes.max(SLOT_ALIGN).checked_next_multiple_of(SLOT_ALIGN)?;
+        let slot_bytes = max_bytes.checked_next_multiple_of(SLOT_ALIGN)?.checked_add(SLOT_ALIGN)?;
         slot_bytes.checked_mul(2)?.checked_add(SIGNAL_BYTES)?;
         Some(SlabLayout { slot_bytes })
     }
@@ -65,12 +67,13 @@ mod tests {
     #[test]
     fn slots_are_aligned_and_hold_the_maximum() {
         let l = SlabLayout::for_max_bytes(86016).unwrap();
-        assert_eq!(l.slot_bytes, 86016);
+        assert_eq!(l.slot_bytes, 86016 + 256);
         let l = SlabLayout::for_max_bytes(100).unwrap();
-        assert_eq!(l.slot_bytes, 256);
+        assert_eq!(l.slot_bytes, 512);
         let l = SlabLayout::for_max_bytes(1000).unwrap();
-        assert_eq!(l.slot_bytes, 1024);
-        assert_eq!(l.total_bytes(), 8192 + 2048);
+        assert_eq!(l.slot_bytes, 1280);
+        assert_eq!(l.total_bytes(), 8192 + 2560);
+        assert!(MAX_WORLD as u64 * 16 <= SLOT_ALIGN);
         assert!(SlabLayout::for_max_bytes(u64::MAX).is_none());
     }
 }
