@@ -253,13 +253,15 @@ __device__ __forceinline__ void twoshot(const ArCtx& c, const T* inp, T* out, u6
     ar_advance_epoch(c, h.epoch);
 }
 
-// Push transport (NVLink): no staging copy. Rank s's slot has one region of
-// `stride` packs per rank: region r != s receives rank r's data of shard s
-// (remote stores by rank r), region s holds s's reduced shard for the pull.
-// 1. store the own data of every other shard s into rank s's region [rank];
-// 2. barrier; reduce the own shard from the input and the received regions,
-//    store it to out and to the own region [rank];
-// 3. barrier; pull every other shard's reduced packs from its owner.
+// Push transport (NVLink): no staging copy and no remote loads. Rank s's slot
+// holds 2 * world regions of `stride` packs (the largest shard):
+//   IN[r]     (r != s): rank r's input data of shard s, stored by rank r;
+//   GATHER[r] (r != s): rank r's reduced shard r, stored by rank r.
+// 1. store the own data of every other shard s into rank s's IN[rank];
+// 2. barrier; reduce the own shard from the input and IN[*], store it to out
+//    and into every peer's GATHER[rank];
+// 3. barrier; copy GATHER[s] of every other shard s (local) into out.
+// SM stores to peers are slow over PCIe (spec §11), hence the pull default there.
 template <typename T>
 __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* out, u64 packs) {
     const ArHeader h = ar_read_header(c);
@@ -269,15 +271,15 @@ __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* ou
     const uint4* src = (const uint4*)inp;
     uint4* dst = (uint4*)out;
     const u64 base = packs / c.world, rem = packs % c.world;
-    const u64 stride_packs = base + (rem != 0);
+    const u64 region = (base + (rem != 0)) * 16;  // bytes of one region
+    const u64 gather = (u64)c.world * region;     // offset of GATHER[0]
     const u64 first = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     const u64 stride = (u64)gridDim.x * blockDim.x;
 
     for (u32 s = 0; s < c.world; ++s) {
         if (s == c.rank) continue;
         const u64 start = shard_start(base, rem, s), len = base + (s < rem);
-        u8* owner = (u8*)(ld_nc_u64((const u64*)c.peers + s) + slot) +
-                    (u64)c.rank * stride_packs * 16;
+        u8* in = (u8*)(ld_nc_u64((const u64*)c.peers + s) + slot) + c.rank * region;
         for (u64 j0 = first; j0 < len; j0 += stride * TWOSHOT_UNROLL) {
             uint4 v[TWOSHOT_UNROLL];
 #pragma unroll
@@ -288,11 +290,15 @@ __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* ou
 #pragma unroll
             for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
                 const u64 j = j0 + u * stride;
-                if (j < len) st_v4(owner + j * 16, v[u]);
+                if (j < len) st_v4(in + j * 16, v[u]);
             }
         }
     }
 
+    u8* peers[AR_MAX_WORLD];
+#pragma unroll
+    for (u32 r = 0; r < AR_MAX_WORLD; ++r)
+        peers[r] = r < c.world ? (u8*)(ld_nc_u64((const u64*)c.peers + r) + slot) : nullptr;
     if (!ar_barrier(c, 2 * h.epoch + 1)) return;
 
     {
@@ -306,9 +312,8 @@ __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* ou
 #pragma unroll
                     for (u32 r = 0; r < AR_MAX_WORLD; ++r)
                         if (r < c.world)
-                            v[u][r] = r == c.rank
-                                          ? ld_v4(src + start + j)
-                                          : ld_peer_v4(mine + (r * stride_packs + j) * 16);
+                            v[u][r] = r == c.rank ? ld_v4(src + start + j)
+                                                  : ld_peer_v4(mine + r * region + j * 16);
                 }
             }
 #pragma unroll
@@ -322,7 +327,10 @@ __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* ou
                         if (r < c.world) Pack<T>::add_f32(v[u][r], acc);
                     const uint4 y = Pack<T>::from_f32(acc);
                     st_v4(dst + start + j, y);
-                    st_v4(mine + (c.rank * stride_packs + j) * 16, y);
+#pragma unroll
+                    for (u32 r = 0; r < AR_MAX_WORLD; ++r)
+                        if (r < c.world && r != c.rank)
+                            st_v4(peers[r] + gather + c.rank * region + j * 16, y);
                 }
             }
         }
@@ -333,14 +341,13 @@ __device__ __forceinline__ void twoshot_push(const ArCtx& c, const T* inp, T* ou
     for (u32 s = 0; s < c.world; ++s) {
         if (s == c.rank) continue;
         const u64 start = shard_start(base, rem, s), len = base + (s < rem);
-        const u8* owner = (const u8*)(ld_nc_u64((const u64*)c.peers + s) + slot) +
-                          (u64)s * stride_packs * 16;
+        const u8* got = mine + gather + s * region;
         for (u64 j0 = first; j0 < len; j0 += stride * TWOSHOT_UNROLL) {
             uint4 v[TWOSHOT_UNROLL];
 #pragma unroll
             for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {
                 const u64 j = j0 + u * stride;
-                if (j < len) v[u] = ld_peer_v4(owner + j * 16);
+                if (j < len) v[u] = ld_peer_v4(got + j * 16);
             }
 #pragma unroll
             for (u32 u = 0; u < TWOSHOT_UNROLL; ++u) {

@@ -71,7 +71,8 @@ def test_limits_defaults_and_env():
     }
     limits = ar.Limits.from_env(env)
     assert limits == ar.Limits(16384, 73728, 786432, 896)
-    assert limits.slot_bytes == 786432
+    assert limits.slot_bytes() == 786432
+    assert limits.slot_bytes(twoshot_push=True) == 2 * 786432
 
 
 @pytest.mark.parametrize("off", ["", "0", "off", "none", "Disabled"])
@@ -206,6 +207,12 @@ def test_plans_carry_route_kernel_and_resident_geometry():
     assert f.geometry == (16, 896, 1) and f.kernel == "b12x_allreduce_fused_bf16_p1"
     f32 = _core.AllReducePlan("oneshot_fused", [3, 7168], "float32", 8, 132)
     assert f32.geometry == (3, 1024, 2)
+    push = ar.prepare_declarations(
+        [Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132, twoshot_push=True
+    )[0]
+    assert push[0][1].twoshot_push and push[0][1].kernel == "b12x_allreduce_twoshot_push_bf16"
+    pull = ar.prepare_declarations([Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132)
+    assert pull[0][0][1].kernel == "b12x_allreduce_twoshot_bf16"
     for world in (2, 4, 8):
         t = _core.AllReducePlan("twoshot", [4096, 4096], "bfloat16", world, 36)
         grid, block, _ = t.geometry

@@ -492,9 +492,11 @@ impl PyIpcAllReduce {
         check_operand(plan, self.ordinal, "out", &o)?;
         same_layout(&i, &o, "out")?;
         let nbytes = plan.numel * plan.dtype.itemsize();
-        // the push two-shot rounds each rank's slot region up to the largest shard
-        let staged = match plan.route {
-            Route::TwoShot => (nbytes / 16).div_ceil(self.world as u64) * self.world as u64 * 16,
+        // the push two-shot stages 2 * world regions of the largest shard
+        let staged = match plan.kernel {
+            Kernel::ArTwoShotPushBF16 => {
+                (nbytes / 16).div_ceil(self.world as u64) * self.world as u64 * 32
+            }
             _ => nbytes,
         };
         if staged > self.layout.slot_bytes || plan.world != self.world {

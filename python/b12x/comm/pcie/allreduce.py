@@ -147,10 +147,11 @@ class Limits:
             twoshot_row_elems=DEFAULT_TWOSHOT_ROW_ELEMS if row is None else int(row),
         )
 
-    @property
-    def slot_bytes(self) -> int:
-        """Bytes one staging slot must hold."""
-        return max(self.oneshot_max, self.fused_max, self.twoshot_max, 16)
+    def slot_bytes(self, twoshot_push: bool = False) -> int:
+        """Bytes one staging slot must hold (the push two-shot stages data
+        twice: received shards and gathered results)."""
+        twoshot = self.twoshot_max * (2 if twoshot_push else 1)
+        return max(self.oneshot_max, self.fused_max, twoshot, 16)
 
     def as_tuple(self) -> tuple[int, int, int, int]:
         return (self.oneshot_max, self.fused_max, self.twoshot_max, self.twoshot_row_elems)
@@ -246,7 +247,7 @@ def prepare_declarations(
         plan = plans.get(key)
         if plan is None:
             plan = _core.AllReducePlan(
-                name, list(shape), _dtype_name(inv.dtype), world, multiprocessors
+                name, list(shape), _dtype_name(inv.dtype), world, multiprocessors, twoshot_push
             )
             plans[key] = plan
         routed.append((inv, plan))
@@ -446,7 +447,7 @@ class AllReduce:
                 self._ordinal,
                 self.rank,
                 self.world_size,
-                self.limits.slot_bytes,
+                self.limits.slot_bytes(bool(self.twoshot_push)),
                 round(self.timeout_s * 1e9),
             )
         except Exception as e:

@@ -22,8 +22,9 @@ pub struct SlabLayout {
 
 impl SlabLayout {
     /// A slab whose slots hold `max_bytes`, plus one alignment unit of headroom:
-    /// the push two-shot rounds every rank's region up to the largest shard
-    /// (at most MAX_WORLD extra 16-byte packs).
+    /// the push two-shot stages 2 * world regions of the largest shard (at most
+    /// 2 * MAX_WORLD packs more than twice its bytes; Python sizes `max_bytes`
+    /// at twice the two-shot ceiling for it).
     pub fn for_max_bytes(max_bytes: u64) -> Option<Self> {
         let slot_bytes = max_bytes.checked_next_multiple_of(SLOT_ALIGN)?.checked_add(SLOT_ALIGN)?;
         slot_bytes.checked_mul(2)?.checked_add(SIGNAL_BYTES)?;
@@ -73,7 +74,7 @@ mod tests {
         let l = SlabLayout::for_max_bytes(1000).unwrap();
         assert_eq!(l.slot_bytes, 1280);
         assert_eq!(l.total_bytes(), 8192 + 2560);
-        assert!(MAX_WORLD as u64 * 16 <= SLOT_ALIGN);
+        assert!(2 * MAX_WORLD as u64 * 16 <= SLOT_ALIGN);
         assert!(SlabLayout::for_max_bytes(u64::MAX).is_none());
     }
 }
