@@ -309,6 +309,7 @@ def _gloo_setup_worker(rank, world, port, outdir):
     runtime.close()
     runtime.close()
     Path(outdir, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.barrier()  # neither rank tears gloo down while the other still uses it
     dist.destroy_process_group()
 
 

@@ -59,10 +59,18 @@ def allreduce_route(
     world: int,
     limits: tuple[int, int, int, int],
 ) -> tuple[str | None, str]: ...
+def pci_bus_id(ordinal: int) -> str: ...
+def p2p_native_atomics(ordinal: int, peer_bus_id: str) -> bool | None: ...
 
 class AllReducePlan:
     def __init__(
-        self, route: str, shape: list[int], dtype: str, world: int, multiprocessors: int
+        self,
+        route: str,
+        shape: list[int],
+        dtype: str,
+        world: int,
+        multiprocessors: int,
+        twoshot_push: bool = False,
     ) -> None: ...
     @property
     def route(self) -> str: ...
@@ -76,6 +84,8 @@ class AllReducePlan:
     def geometry(self) -> tuple[int, int, int]: ...
     @property
     def kernel(self) -> str: ...
+    @property
+    def twoshot_push(self) -> bool: ...
 
 class IpcAllReduce:
     def __init__(

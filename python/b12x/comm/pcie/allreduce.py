@@ -33,10 +33,14 @@ variable                                                  default     meaning
                                                                       (NVLink), else pull (PCIe)
 ========================================================  ==========  =============================
 
-The defaults are for NVLink H200 pairs (``b12x bench allreduce``): there the
-one-shot beats NCCL well past the reference's PCIe default of 84 KB. The slab
-of each rank holds two staging slots of the largest ceiling (64 MiB + 8 KiB
-with the defaults).
+The defaults come from ``b12x bench allreduce --gpus 2`` on NVLink H200s
+(graph replay, bf16): the one-shot takes 5.0-6.6 us for 8-256 KiB against
+NCCL's 12.2-14.0, 8.0 us at 512 KiB and 10.1 us at 1 MiB (still ahead of the
+push two-shot's 11.4), so its ceiling sits far above the reference's PCIe
+default of 84 KB; the fused kernel is 6.3-7.0 us for 1-16 rows x 7168. The
+slab of each rank holds two staging slots of the largest ceiling (the push
+two-shot stages twice its bytes: 128 MiB + 8.5 KiB per rank with the
+defaults).
 
 Graph and stream contract: one AllReduce is used by one stream at a time, in
 the same order on every rank (the epoch that selects slots advances per
