@@ -16,6 +16,7 @@ from b12x.bench.common import BenchResult, write_report
 BENCHES = {
     "extract": "extract",
     "allreduce": "allreduce",
+    "plan": "plan",
 }
 
 

@@ -52,6 +52,17 @@ pub enum Error {
     #[error("{op}: {operand} expected at most {limit}, got {got}{}", hint_suffix(hint))]
     Capacity { op: &'static str, operand: Name, limit: u64, got: u64, hint: Cow<'static, str> },
 
+    /// The opposite bound of `Capacity`: a buffer smaller than the plan needs.
+    #[error("{op}: {operand} expected at least {need} {unit}, got {got}{}", hint_suffix(hint))]
+    Insufficient {
+        op: &'static str,
+        operand: Name,
+        need: u64,
+        got: u64,
+        unit: &'static str,
+        hint: Cow<'static, str>,
+    },
+
     #[error("{op}: {operand} expected {expected}, got {got}")]
     InvalidValue { op: &'static str, operand: Name, expected: Cow<'static, str>, got: String },
 

@@ -6,6 +6,7 @@
 
 pub mod allreduce;
 pub mod error;
+pub mod indexer;
 pub mod tensor;
 pub mod validate;
 

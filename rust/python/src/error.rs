@@ -66,9 +66,9 @@ pub fn core_to_py(e: CoreError) -> PyErr {
         CoreError::Rank { .. } | CoreError::Shape { .. } => ShapeError::new_err(msg),
         CoreError::Layout { .. } => LayoutError::new_err(msg),
         CoreError::Alignment { .. } => AlignmentError::new_err(msg),
-        CoreError::ExtentOverflow { .. } | CoreError::Capacity { .. } => {
-            CapacityError::new_err(msg)
-        }
+        CoreError::ExtentOverflow { .. }
+        | CoreError::Capacity { .. }
+        | CoreError::Insufficient { .. } => CapacityError::new_err(msg),
         CoreError::UndeclaredPlan(_) => UndeclaredPlanError::new_err(msg),
         _ => ConfigError::new_err(msg),
     }

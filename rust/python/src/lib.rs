@@ -3,8 +3,10 @@
 
 mod allreduce;
 mod error;
+mod indexer;
 mod runtime;
 mod tensor;
+mod torch_abi;
 
 use pyo3::prelude::*;
 
@@ -13,6 +15,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
     allreduce::register(m)?;
+    indexer::register(m)?;
     tensor::register(m)?;
     Ok(())
 }

@@ -1,0 +1,139 @@
+"""The planned C4 sparse indexer: paged FP8 scoring, then exact top-k.
+
+Lifecycle (names are drop-in for the vLLM adapter)::
+
+    caps = Caps(device="cuda:0", num_q_heads=64, max_q_rows=64,
+                max_page_table_width=1024, topk=512, mode="decode")
+    p = plan(caps)                       # interned: plan(caps) is plan(caps)
+    scratch = torch.empty(p.nbytes, dtype=torch.uint8, device=caps.device)
+    b = bind(p, scratch=scratch, q_fp8=q, query_weights=w,
+             index_k_cache=cache, page_table=table, cache_lengths=lens,
+             active_width=aw, output_indices=out, output_scores=scores)
+    run(b)                               # writes every slot of out (and scores)
+
+* :func:`plan` is host work only (on a CUDA device its first call loads the
+  kernels there). A plan holds no tensors and no addresses.
+* :func:`bind` checks every operand against the plan and never allocates,
+  launches or syncs; the scratch and output bytes are left untouched.
+* :func:`run` enqueues device work only, so it can be captured in a CUDA graph.
+
+Bucketed capacities
+-------------------
+A plan's ``max_q_rows`` and ``max_page_table_width`` are the caps' values
+rounded up: exact up to 8, then the next m·2^k with m in {4, 5, 6, 7}
+(8, 10, 12, 14, 16, 20, 24, ...). A capacity is at most 25% above the request,
+powers of two stay exact (the vLLM profile width ceil(65536/64) = 1024 is its
+own bucket), a plan for capacity C serves every call <= C, and varying
+prefill chunk sizes create O(log) plans, not one per size. ``Caps`` keeps what
+the caller passed; ``Plan.caps`` / ``Plan.max_q_rows`` report the capacities.
+
+Scratch
+-------
+One caller-owned uint8 buffer of at least ``plan.nbytes`` bytes
+(``plan.scratch_specs()``, ``plan.shapes_and_dtypes()``), on the plan's device,
+contiguous and 16-byte aligned; a larger one is fine. ``bind`` takes it as a
+tensor, a mapping ``{"paged_indexer.scratch": tensor}`` or a one-element
+sequence. Its regions (``plan.layout``) start on 1024-byte boundaries. Its
+contents need no initialisation: ``run`` initialises what it uses.
+
+Semantics
+---------
+:mod:`b12x.attention.dsa_indexer.reference` defines the result, including the
+deterministic order (lowest logical index wins ties, NaN below every number).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from b12x import _core
+from b12x.attention.dsa_indexer import reference
+
+__all__ = [
+    "INDEX_HEAD_DIM",
+    "INDEX_PAGE_BYTES",
+    "PAGED_INDEX_PAGE_SIZE",
+    "SCRATCH_NAME",
+    "SUPPORTED_TOPK",
+    "Binding",
+    "Caps",
+    "Plan",
+    "ScratchLayout",
+    "ScratchRegion",
+    "ScratchSpec",
+    "bind",
+    "cached_plan_count",
+    "clear_caches",
+    "is_supported",
+    "plan",
+    "reference",
+    "run",
+    "scratch_views",
+]
+
+#: Compressed K rows per page of the index cache.
+PAGED_INDEX_PAGE_SIZE = 64
+#: Elements per index head.
+INDEX_HEAD_DIM = 128
+#: Bytes per cache page: 64 x 128 FP8 values, then 64 float32 scales (planar).
+INDEX_PAGE_BYTES = 8448
+#: The top-k sizes the selection kernels are built for.
+SUPPORTED_TOPK = (512, 1024, 2048)
+#: Name of the one scratch buffer in ``Plan.scratch_specs()``.
+SCRATCH_NAME: str = _core.INDEXER_SCRATCH_NAME
+
+Caps = _core.IndexerCaps
+Plan = _core.IndexerPlan
+Binding = _core.IndexerBinding
+ScratchSpec = _core.IndexerScratchSpec
+ScratchLayout = _core.IndexerScratchLayout
+ScratchRegion = _core.IndexerScratchRegion
+
+# Straight to the extension: no Python frame on the hot path.
+plan = _core.indexer_plan
+bind = _core.indexer_bind
+run = _core.indexer_run
+
+
+def is_supported(device: Any = None) -> bool:
+    """True when :func:`run` can execute on a GPU here.
+
+    Needs the GPU kernels to be built into this b12x, a CUDA driver with a
+    device, and FP8 MMA (compute capability 8.9 or newer) on ``device``
+    (default: CUDA device 0). CPU tensors always run the reference.
+    """
+    if not _core.INDEXER_KERNELS_WIRED:
+        return False
+    from b12x import cuda
+
+    if not cuda.is_available():
+        return False
+    try:
+        ordinal = 0 if device is None else cuda.device_index(device)
+        major, minor = _core.device_info(ordinal)["compute_capability"]
+    except Exception:
+        return False
+    return (major, minor) >= (8, 9)
+
+
+def clear_caches() -> None:
+    """Forget every interned plan (plans already handed out stay valid)."""
+    _core.indexer_clear_plans()
+
+
+def cached_plan_count() -> int:
+    """How many plans the intern cache holds."""
+    return _core.indexer_plan_count()
+
+
+def scratch_views(binding: Any) -> dict[str, Any]:
+    """Typed tensor views of a binding's scratch regions, by region name.
+
+    For inspection and tests; kernels get the region addresses from the plan.
+    Builds new view objects, so keep it out of hot paths.
+    """
+    base = binding.scratch.reshape(-1)
+    return {
+        r.name: base[r.offset : r.offset + r.nbytes].view(r.dtype).view(r.shape)
+        for r in binding.plan.layout.regions
+    }

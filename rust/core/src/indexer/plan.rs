@@ -1,0 +1,231 @@
+//! `Plan`: everything a call needs that depends only on the caps and static
+//! device properties. Immutable and `Arc`-shared; holds no tensors and no
+//! addresses, so one plan serves any number of concurrent bindings.
+
+use std::fmt;
+
+use super::caps::{Caps, Mode};
+use super::layout::{LayoutInput, ScratchLayout};
+use super::{DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM};
+use crate::error::{Error, Result};
+
+/// Which kernel sequence a plan runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// Decode: one page-table row per query row; the scorer reads pages in
+    /// place, chunk by chunk, folding a top-k carry.
+    PagedDecode,
+    /// Prefill: every query row shares one page-table row (stride 0).
+    SharedPrefill,
+}
+
+impl Route {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Route::PagedDecode => "paged_decode",
+            Route::SharedPrefill => "shared_prefill",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    caps: Caps,
+    route: Route,
+    heads_padded: u32,
+    supertile: u32,
+    max_chunks: u32,
+    multiprocessors: u32,
+    layout: ScratchLayout,
+}
+
+impl Plan {
+    /// Builds the plan for `caps` rounded up to its buckets.
+    /// `multiprocessors` is the device's SM count (1 on CPU); the caller
+    /// reads it, because this crate does not talk to the driver.
+    pub fn new(caps: &Caps, multiprocessors: u32) -> Result<Plan> {
+        if multiprocessors == 0 {
+            return Err(Error::InvalidValue {
+                op: "plan",
+                operand: "multiprocessors".into(),
+                expected: "at least 1".into(),
+                got: "0".into(),
+            });
+        }
+        let caps = caps.bucketed();
+        let route = match caps.mode {
+            Mode::Decode => Route::PagedDecode,
+            Mode::Prefill => Route::SharedPrefill,
+        };
+        let width_tokens = caps.max_page_table_width as u64 * PAGE_SIZE as u64;
+        let supertile = if caps.supertile_tokens != 0 {
+            caps.supertile_tokens as u64
+        } else {
+            // small caches get small chunks; both bounds are multiples of 512
+            width_tokens.next_multiple_of(SUPERTILE_QUANTUM as u64).min(DEFAULT_SUPERTILE as u64)
+        };
+        let max_chunks = width_tokens.div_ceil(supertile);
+        let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
+        let layout = ScratchLayout::new(&LayoutInput {
+            rows: caps.max_q_rows as u64,
+            topk: caps.topk as u64,
+            supertile,
+            width: caps.max_page_table_width as u64,
+            heads_padded: heads_padded as u64,
+            max_chunks,
+            multiprocessors: multiprocessors as u64,
+        })?;
+        Ok(Plan {
+            caps,
+            route,
+            heads_padded,
+            // both fit: supertile <= 65536 and max_chunks <= width_tokens / 512 < 2^22
+            supertile: supertile as u32,
+            max_chunks: max_chunks as u32,
+            multiprocessors,
+            layout,
+        })
+    }
+
+    /// The bucketed caps: `max_q_rows` and `max_page_table_width` are this
+    /// plan's capacities.
+    #[inline]
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+    #[inline]
+    pub fn route(&self) -> Route {
+        self.route
+    }
+    /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
+    #[inline]
+    pub fn heads_padded(&self) -> u32 {
+        self.heads_padded
+    }
+    /// K rows scored per chunk: a multiple of 512.
+    #[inline]
+    pub fn supertile(&self) -> u32 {
+        self.supertile
+    }
+    /// ceil(width capacity · 64 / supertile): chunks of a full-width call.
+    #[inline]
+    pub fn max_chunks(&self) -> u32 {
+        self.max_chunks
+    }
+    #[inline]
+    pub fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+    #[inline]
+    pub fn layout(&self) -> &ScratchLayout {
+        &self.layout
+    }
+    #[inline]
+    pub fn rows_capacity(&self) -> u32 {
+        self.caps.max_q_rows
+    }
+    #[inline]
+    pub fn width_capacity(&self) -> u32 {
+        self.caps.max_page_table_width
+    }
+    #[inline]
+    pub fn nbytes(&self) -> u64 {
+        self.layout.nbytes()
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "route={}, device={}, num_q_heads={}, max_q_rows={}, max_page_table_width={}, \
+             topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}",
+            self.route.name(),
+            self.caps.device,
+            self.caps.num_q_heads,
+            self.caps.max_q_rows,
+            self.caps.max_page_table_width,
+            self.caps.topk,
+            self.caps.index_space.name(),
+            self.supertile,
+            self.max_chunks,
+            self.nbytes()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::caps::{CapsRequest, IndexSpace};
+    use super::super::layout::RegionId;
+    use super::*;
+    use crate::tensor::Device;
+
+    fn caps(heads: i64, rows: i64, width: i64, topk: i64, supertile: i64, mode: Mode) -> Caps {
+        Caps::new(&CapsRequest {
+            device: Device::Cuda(0),
+            num_q_heads: heads,
+            max_q_rows: rows,
+            max_page_table_width: width,
+            topk,
+            mode,
+            index_space: IndexSpace::Logical,
+            page_size: 64,
+            supertile_tokens: supertile,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn spec_pinned_small_supertile_example() {
+        // reference §4.4: H=64, R=2, W=16, K=512, explicit S=512 -> 2 chunks
+        let p = Plan::new(&caps(64, 2, 16, 512, 512, Mode::Decode), 188).unwrap();
+        assert_eq!(p.route(), Route::PagedDecode);
+        assert_eq!(p.supertile(), 512);
+        assert_eq!(p.max_chunks(), 2);
+        assert_eq!(p.layout().region(RegionId::Logits).shape.as_slice(), &[2, 512]);
+    }
+
+    #[test]
+    fn carry_keeps_two_halves_whatever_the_chunk_count() {
+        // reference §4.4: R=16, W=1056, S=8192; 1056 pages bucket to 1280 -> 10 chunks
+        let p = Plan::new(&caps(64, 16, 1056, 512, 8192, Mode::Decode), 188).unwrap();
+        assert_eq!(p.width_capacity(), 1280);
+        assert_eq!(p.max_chunks(), 10);
+        assert_eq!(p.layout().region(RegionId::CarryValues).shape.as_slice(), &[2, 16, 512]);
+        assert_eq!(p.layout().region(RegionId::CarryIndices).shape.as_slice(), &[2, 16, 512]);
+    }
+
+    #[test]
+    fn default_supertile_follows_the_width_then_caps_at_32768() {
+        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Decode), 1).unwrap();
+        assert_eq!((s(1).supertile(), s(1).max_chunks()), (512, 1));
+        assert_eq!((s(9).supertile(), s(9).max_chunks()), (1024, 1)); // 10 pages = 640 rows
+        assert_eq!((s(512).supertile(), s(512).max_chunks()), (32768, 1));
+        assert_eq!((s(1024).supertile(), s(1024).max_chunks()), (32768, 2));
+        assert_eq!((s(4096).supertile(), s(4096).max_chunks()), (32768, 8));
+    }
+
+    #[test]
+    fn heads_pad_to_sixteen_and_mode_picks_the_route() {
+        let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), 1).unwrap();
+        assert_eq!(p.heads_padded(), 32);
+        assert_eq!(p.route(), Route::SharedPrefill);
+        assert_eq!(p.route().name(), "shared_prefill");
+    }
+
+    #[test]
+    fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
+        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), 1).unwrap().nbytes();
+        assert!(n(2, 1024) > n(1, 1024));
+        assert_eq!(n(1, 512), n(1, 4096));
+        assert!(n(1, 64) < n(1, 512));
+        // decode R=1, W=4096, K=512: logits 128 KiB, carries 2x4 KiB, row_state 64 B
+        assert_eq!(n(1, 4096), 131072 + 4096 + 4096 + 64);
+    }
+
+    #[test]
+    fn zero_multiprocessors_is_rejected() {
+        assert!(Plan::new(&caps(64, 1, 1, 512, 0, Mode::Decode), 0).is_err());
+    }
+}

@@ -1,0 +1,781 @@
+//! Python classes of `b12x.attention.dsa_indexer`: `Caps`, `Plan`,
+//! `Binding`, the layout views, and the `plan` / `bind` / `run` functions.
+//!
+//! Plans are interned by bucketed caps in a lock-free cache, so equal caps
+//! give the same Python object; a hit is one atomic load and a hash probe.
+//! The classes carry `module = "b12x.attention.dsa_indexer"` (their public
+//! home) and are registered in `_core` under `Indexer*` names.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, LazyLock};
+
+use b12x_core::indexer::{
+    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region,
+};
+use b12x_core::{DType, Device, Error as CoreError};
+use pyo3::exceptions::PyNotImplementedError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyInt, PyList, PyTuple};
+use pyo3::{intern, IntoPyObjectExt};
+
+use crate::error::PyB12xResult;
+use crate::tensor::{extract, is_torch_tensor};
+
+/// Name of the one scratch buffer a plan asks for.
+const SCRATCH_NAME: &str = "paged_indexer.scratch";
+
+/// Flipped to true by the commit that wires the GPU kernels into [`run_cuda`];
+/// `dsa_indexer.is_supported()` reads it.
+const KERNELS_WIRED: bool = false;
+
+static PLANS: LazyLock<InternCache<Caps, Py<PyPlan>>> = LazyLock::new(InternCache::new);
+
+fn torch<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyModule>> {
+    py.import(intern!(py, "torch"))
+}
+
+fn torch_device(py: Python<'_>, device: Device) -> PyResult<Py<PyAny>> {
+    let torch = torch(py)?;
+    let dev = match device {
+        Device::Cuda(i) => torch.getattr("device")?.call1(("cuda", i))?,
+        _ => torch.getattr("device")?.call1(("cpu",))?,
+    };
+    Ok(dev.unbind())
+}
+
+fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Py<PyAny>> {
+    Ok(torch(py)?.getattr(dtype.name())?.unbind())
+}
+
+fn bad_device(obj: &Bound<'_, PyAny>, why: String) -> CoreError {
+    let got = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "an object".into());
+    CoreError::InvalidValue {
+        op: "Caps",
+        operand: "device".into(),
+        expected: "a torch.device, 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal".into(),
+        got: if why.is_empty() { got } else { format!("{got} ({why})") },
+    }
+}
+
+/// A torch.device, a device string or a CUDA ordinal -> (Device, torch.device).
+/// A bare "cuda" means torch's current device.
+fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
+    let py = obj.py();
+    if obj.is_instance_of::<PyInt>() {
+        let i: i64 = obj.extract()?;
+        let i = u32::try_from(i).map_err(|_| bad_device(obj, String::new()))?;
+        return Ok((Device::Cuda(i), torch_device(py, Device::Cuda(i))?));
+    }
+    let dev = torch(py)?
+        .getattr("device")?
+        .call1((obj,))
+        .map_err(|e| bad_device(obj, e.value(py).to_string()))?;
+    let kind: String = dev.getattr(intern!(py, "type"))?.extract()?;
+    match kind.as_str() {
+        "cpu" => Ok((Device::Cpu, torch_device(py, Device::Cpu)?)),
+        "cuda" => {
+            let index: Option<u32> = dev.getattr(intern!(py, "index"))?.extract()?;
+            let index = match index {
+                Some(i) => i,
+                None => torch(py)?.getattr("cuda")?.call_method0("current_device")?.extract()?,
+            };
+            Ok((Device::Cuda(index), torch_device(py, Device::Cuda(index))?))
+        }
+        other => Err(bad_device(obj, format!("b12x runs on cpu and cuda, not {other}")).into()),
+    }
+}
+
+/// What a plan is made for: device, query geometry, page-table capacity,
+/// top-k, serving mode and output index space. Frozen, hashable,
+/// keyword-only. Validated here, with one precise error per field.
+///
+/// Capacities are in query rows and in pages of 64 compressed K rows (C4:
+/// one K row per four model tokens). ``topk`` must be 512, 1024 or 2048;
+/// ``num_q_heads`` 1..64; ``mode`` "decode" (one page-table row per query
+/// row) or "prefill" (one request's row shared by every query row);
+/// ``output_index_space`` "logical" (request-relative position) or
+/// "physical" (page_id*64 + slot); ``supertile_tokens`` 0 picks
+/// min(32768, width*64 rounded up to 512) K rows per chunk.
+#[pyclass(name = "Caps", module = "b12x.attention.dsa_indexer", frozen)]
+pub struct PyCaps {
+    caps: Caps,
+    /// The plan key (rows and width rounded up to their buckets).
+    key: Caps,
+    device: Py<PyAny>,
+}
+
+#[pymethods]
+impl PyCaps {
+    #[new]
+    #[pyo3(signature = (*, device, num_q_heads, max_q_rows, max_page_table_width, topk,
+        mode="decode", output_index_space="logical", page_size=64, supertile_tokens=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        device: &Bound<'_, PyAny>,
+        num_q_heads: i64,
+        max_q_rows: i64,
+        max_page_table_width: i64,
+        topk: i64,
+        mode: &str,
+        output_index_space: &str,
+        page_size: i64,
+        supertile_tokens: i64,
+    ) -> PyB12xResult<Self> {
+        let (dev, device_obj) = parse_device(device)?;
+        let caps = Caps::new(&CapsRequest {
+            device: dev,
+            num_q_heads,
+            max_q_rows,
+            max_page_table_width,
+            topk,
+            mode: Mode::parse(mode)?,
+            index_space: IndexSpace::parse(output_index_space)?,
+            page_size,
+            supertile_tokens,
+        })?;
+        Ok(PyCaps { caps, key: caps.bucketed(), device: device_obj })
+    }
+
+    #[getter]
+    fn device(&self, py: Python<'_>) -> Py<PyAny> {
+        self.device.clone_ref(py)
+    }
+    #[getter]
+    fn num_q_heads(&self) -> u32 {
+        self.caps.num_q_heads
+    }
+    #[getter]
+    fn max_q_rows(&self) -> u32 {
+        self.caps.max_q_rows
+    }
+    #[getter]
+    fn max_page_table_width(&self) -> u32 {
+        self.caps.max_page_table_width
+    }
+    #[getter]
+    fn topk(&self) -> u32 {
+        self.caps.topk
+    }
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.caps.mode.name()
+    }
+    #[getter]
+    fn output_index_space(&self) -> &'static str {
+        self.caps.index_space.name()
+    }
+    #[getter]
+    fn page_size(&self) -> u32 {
+        self.caps.page_size
+    }
+    #[getter]
+    fn supertile_tokens(&self) -> u32 {
+        self.caps.supertile_tokens
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        other.cast::<PyCaps>().is_ok_and(|o| o.get().caps == self.caps)
+    }
+
+    fn __hash__(&self) -> u64 {
+        let mut h = DefaultHasher::new();
+        self.caps.hash(&mut h);
+        h.finish()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Caps({})", self.caps)
+    }
+}
+
+/// One scratch buffer a plan needs: ``name``, ``shape`` = (nbytes,),
+/// ``dtype`` = torch.uint8, ``device``.
+#[pyclass(name = "ScratchSpec", module = "b12x.attention.dsa_indexer", frozen)]
+pub struct PyScratchSpec {
+    #[pyo3(get)]
+    name: &'static str,
+    #[pyo3(get)]
+    nbytes: u64,
+    dtype: Py<PyAny>,
+    device: Py<PyAny>,
+}
+
+#[pymethods]
+impl PyScratchSpec {
+    #[getter]
+    fn shape(&self) -> (u64,) {
+        (self.nbytes,)
+    }
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> Py<PyAny> {
+        self.dtype.clone_ref(py)
+    }
+    #[getter]
+    fn device(&self, py: Python<'_>) -> Py<PyAny> {
+        self.device.clone_ref(py)
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ScratchSpec(name={:?}, shape=({},), dtype=torch.uint8, device={})",
+            self.name,
+            self.nbytes,
+            self.device.bind(py)
+        )
+    }
+}
+
+/// A typed view of the scratch: ``offset`` bytes from its base, ``dtype``,
+/// ``shape``; every offset is a multiple of 1024.
+#[pyclass(name = "ScratchRegion", module = "b12x.attention.dsa_indexer", frozen)]
+pub struct PyRegion {
+    #[pyo3(get)]
+    name: &'static str,
+    #[pyo3(get)]
+    offset: u64,
+    #[pyo3(get)]
+    nbytes: u64,
+    #[pyo3(get)]
+    numel: u64,
+    dtype: Py<PyAny>,
+    shape: Vec<u64>,
+}
+
+#[pymethods]
+impl PyRegion {
+    #[getter]
+    fn dtype(&self, py: Python<'_>) -> Py<PyAny> {
+        self.dtype.clone_ref(py)
+    }
+    #[getter]
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, &self.shape)
+    }
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ScratchRegion(name={:?}, offset={}, dtype={}, shape={:?}, nbytes={})",
+            self.name,
+            self.offset,
+            self.dtype.bind(py),
+            self.shape,
+            self.nbytes
+        )
+    }
+}
+
+fn region_obj(py: Python<'_>, r: &Region) -> PyResult<Py<PyRegion>> {
+    Py::new(
+        py,
+        PyRegion {
+            name: r.name,
+            offset: r.offset,
+            nbytes: r.nbytes,
+            numel: r.numel(),
+            dtype: torch_dtype(py, r.dtype)?,
+            shape: r.shape.to_vec(),
+        },
+    )
+}
+
+/// The plan's scratch layout: a read-only mapping from region name to
+/// :class:`ScratchRegion`, plus ``nbytes`` and the plan facts the vLLM
+/// adapter looks up on a layout (``route``, ``supertile_tokens``, ``max_chunks``).
+#[pyclass(name = "ScratchLayout", module = "b12x.attention.dsa_indexer", frozen, mapping)]
+pub struct PyLayout {
+    plan: Arc<Plan>,
+    regions: Py<PyTuple>,
+}
+
+impl PyLayout {
+    fn find<'py>(&self, py: Python<'py>, name: &str) -> Option<Bound<'py, PyAny>> {
+        let i = self.plan.layout().regions().iter().position(|r| r.name == name)?;
+        self.regions.bind(py).get_item(i).ok()
+    }
+
+    fn names<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        PyTuple::new(py, self.plan.layout().regions().iter().map(|r| r.name))
+    }
+}
+
+#[pymethods]
+impl PyLayout {
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.plan.nbytes()
+    }
+    #[getter]
+    fn route(&self) -> &'static str {
+        self.plan.route().name()
+    }
+    #[getter]
+    fn supertile_tokens(&self) -> u32 {
+        self.plan.supertile()
+    }
+    #[getter]
+    fn max_chunks(&self) -> u32 {
+        self.plan.max_chunks()
+    }
+    /// The regions in layout order.
+    #[getter]
+    fn regions(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.regions.clone_ref(py)
+    }
+    fn __getitem__<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyAny>> {
+        self.find(py, name).ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!(
+                "no scratch region {name:?}; regions: {:?}",
+                self.plan.layout().regions().iter().map(|r| r.name).collect::<Vec<_>>()
+            ))
+        })
+    }
+    #[pyo3(signature = (name, default=None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        default: Option<Bound<'py, PyAny>>,
+    ) -> Option<Bound<'py, PyAny>> {
+        self.find(py, name).or(default)
+    }
+    fn __contains__(&self, name: &str) -> bool {
+        self.plan.layout().by_name(name).is_some()
+    }
+    fn __len__(&self) -> usize {
+        self.plan.layout().regions().len()
+    }
+    fn __iter__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.names(py)?.into_any().try_iter().map(Bound::into_any)
+    }
+    fn keys<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        self.names(py)
+    }
+    fn values(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.regions.clone_ref(py)
+    }
+    fn items<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let regions = self.regions.bind(py);
+        let names = self.names(py)?;
+        PyList::new(py, names.iter().zip(regions.iter()))
+    }
+    fn __repr__(&self) -> String {
+        let parts: Vec<String> = self
+            .plan
+            .layout()
+            .regions()
+            .iter()
+            .map(|r| format!("{}@{}:{}{:?}", r.name, r.offset, r.dtype, r.shape.as_slice()))
+            .collect();
+        format!("ScratchLayout(nbytes={}, {})", self.plan.nbytes(), parts.join(", "))
+    }
+}
+
+/// An immutable plan: route, chunking and scratch layout, resolved once for
+/// a :class:`Caps` rounded up to its buckets. Holds no tensors and no
+/// addresses; one plan serves every call whose rows and page-table width fit
+/// its capacities. Made by :func:`plan` (interned: equal caps, same object).
+#[pyclass(name = "Plan", module = "b12x.attention.dsa_indexer", frozen)]
+pub struct PyPlan {
+    plan: Arc<Plan>,
+    caps: Py<PyCaps>,
+    layout: Py<PyLayout>,
+    specs: Py<PyTuple>,
+    shapes: Py<PyTuple>,
+}
+
+#[pymethods]
+impl PyPlan {
+    /// The plan's caps: ``max_q_rows`` and ``max_page_table_width`` are its
+    /// (bucketed) capacities.
+    #[getter]
+    fn caps(&self, py: Python<'_>) -> Py<PyCaps> {
+        self.caps.clone_ref(py)
+    }
+    #[getter]
+    fn device(&self, py: Python<'_>) -> Py<PyAny> {
+        self.caps.get().device.clone_ref(py)
+    }
+    #[getter]
+    fn route(&self) -> &'static str {
+        self.plan.route().name()
+    }
+    #[getter]
+    fn mode(&self) -> &'static str {
+        self.plan.caps().mode.name()
+    }
+    #[getter]
+    fn shared_page_table(&self) -> bool {
+        self.plan.caps().mode == Mode::Prefill
+    }
+    #[getter]
+    fn output_index_space(&self) -> &'static str {
+        self.plan.caps().index_space.name()
+    }
+    #[getter]
+    fn num_q_heads(&self) -> u32 {
+        self.plan.caps().num_q_heads
+    }
+    #[getter]
+    fn heads_padded(&self) -> u32 {
+        self.plan.heads_padded()
+    }
+    #[getter]
+    fn topk(&self) -> u32 {
+        self.plan.caps().topk
+    }
+    #[getter]
+    fn max_q_rows(&self) -> u32 {
+        self.plan.rows_capacity()
+    }
+    #[getter]
+    fn max_page_table_width(&self) -> u32 {
+        self.plan.width_capacity()
+    }
+    #[getter]
+    fn supertile_tokens(&self) -> u32 {
+        self.plan.supertile()
+    }
+    #[getter]
+    fn max_chunks(&self) -> u32 {
+        self.plan.max_chunks()
+    }
+    #[getter]
+    fn multiprocessors(&self) -> u32 {
+        self.plan.multiprocessors()
+    }
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.plan.nbytes()
+    }
+    #[getter]
+    fn layout(&self, py: Python<'_>) -> Py<PyLayout> {
+        self.layout.clone_ref(py)
+    }
+    /// ``(ScratchSpec("paged_indexer.scratch", (nbytes,), torch.uint8, device),)``
+    fn scratch_specs(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.specs.clone_ref(py)
+    }
+    /// ``(((nbytes,), torch.uint8),)``, the form vLLM's workspace manager takes.
+    fn shapes_and_dtypes(&self, py: Python<'_>) -> Py<PyTuple> {
+        self.shapes.clone_ref(py)
+    }
+    fn __repr__(&self) -> String {
+        format!("Plan({})", self.plan)
+    }
+}
+
+fn build_plan(py: Python<'_>, caps: &PyCaps) -> PyB12xResult<Py<PyPlan>> {
+    // Modules load here, never in run: the driver's JIT stays out of hot calls.
+    let multiprocessors = match caps.caps.device {
+        Device::Cuda(ordinal) => {
+            py.detach(|| b12x_cuda::ensure_loaded(ordinal).map(|m| m.multiprocessors))?
+        }
+        _ => 1,
+    };
+    let plan = Arc::new(Plan::new(&caps.caps, multiprocessors)?);
+    let device = caps.device.clone_ref(py);
+    let uint8 = torch_dtype(py, DType::U8)?;
+    let bucketed = PyCaps { caps: *plan.caps(), key: *plan.caps(), device: device.clone_ref(py) };
+    let regions =
+        plan.layout().regions().iter().map(|r| region_obj(py, r)).collect::<PyResult<Vec<_>>>()?;
+    let spec = PyScratchSpec {
+        name: SCRATCH_NAME,
+        nbytes: plan.nbytes(),
+        dtype: uint8.clone_ref(py),
+        device: device.clone_ref(py),
+    };
+    let shapes = ((plan.nbytes(),), uint8);
+    let out = PyPlan {
+        caps: Py::new(py, bucketed)?,
+        layout: Py::new(
+            py,
+            PyLayout { plan: plan.clone(), regions: PyTuple::new(py, regions)?.unbind() },
+        )?,
+        specs: PyTuple::new(py, [Py::new(py, spec)?])?.unbind(),
+        shapes: PyTuple::new(py, [shapes.into_py_any(py)?])?.unbind(),
+        plan,
+    };
+    Ok(Py::new(py, out)?)
+}
+
+/// The interned plan for ``caps``: equal caps return the same object, from a
+/// lock-free cache (a hit is one atomic load and a hash probe).
+///
+/// Rows and page-table width are rounded up to buckets first (exact up to 8,
+/// then the next m*2^k with m in {4, 5, 6, 7}: at most 25% more, powers of
+/// two exact), so a plan for capacity C serves every call <= C and varying
+/// live sizes make O(log) plans. On a CUDA device the first plan loads
+/// b12x's kernels there (the GIL is released meanwhile); nothing is cached
+/// when that fails.
+#[pyfunction]
+fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyPlan>> {
+    let caps = caps.get();
+    if let Some(hit) = PLANS.with(&caps.key, |p| p.clone_ref(py)) {
+        return Ok(hit);
+    }
+    let built = build_plan(py, caps)?;
+    Ok(PLANS.insert_if_absent(caps.key, built).clone_ref(py))
+}
+
+/// A new, uncached plan every call (for benchmarks and tests).
+#[pyfunction]
+fn indexer_build_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyPlan>> {
+    build_plan(py, caps.get())
+}
+
+#[pyfunction]
+fn indexer_plan_count() -> usize {
+    PLANS.len()
+}
+
+#[pyfunction]
+fn indexer_clear_plans() {
+    PLANS.clear();
+}
+
+/// A plan plus one call's live tensors, checked. Holds the caller's tensor
+/// objects (aliases, never copies) and the launch arguments.
+#[pyclass(name = "Binding", module = "b12x.attention.dsa_indexer", frozen)]
+pub struct PyBinding {
+    core: indexer::Binding,
+    plan: Py<PyPlan>,
+    #[pyo3(get)]
+    scratch: Py<PyAny>,
+    #[pyo3(get)]
+    q_fp8: Py<PyAny>,
+    #[pyo3(get)]
+    query_weights: Py<PyAny>,
+    #[pyo3(get)]
+    index_k_cache: Py<PyAny>,
+    #[pyo3(get)]
+    page_table: Py<PyAny>,
+    #[pyo3(get)]
+    cache_lengths: Py<PyAny>,
+    #[pyo3(get)]
+    active_width: Py<PyAny>,
+    #[pyo3(get)]
+    output_indices: Py<PyAny>,
+    #[pyo3(get)]
+    output_scores: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl PyBinding {
+    #[getter]
+    fn plan(&self, py: Python<'_>) -> Py<PyPlan> {
+        self.plan.clone_ref(py)
+    }
+    #[getter]
+    fn rows(&self) -> u32 {
+        self.core.rows()
+    }
+    #[getter]
+    fn width(&self) -> u32 {
+        self.core.width()
+    }
+    #[getter]
+    fn route(&self) -> &'static str {
+        self.core.plan().route().name()
+    }
+    /// The plain values a launcher receives (addresses as ints).
+    fn launch_args<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.core.args();
+        let d = PyDict::new(py);
+        for (k, v) in [
+            ("device", a.device as u64),
+            ("rows", a.rows as u64),
+            ("heads", a.heads as u64),
+            ("width", a.width as u64),
+            ("topk", a.topk as u64),
+            ("q", a.q),
+            ("weights", a.weights),
+            ("kcache", a.kcache),
+            ("page_stride", a.page_stride),
+            ("page_table", a.page_table),
+            ("page_table_row_stride", a.page_table_row_stride),
+            ("lengths", a.lengths),
+            ("active_width", a.active_width),
+            ("out_indices", a.out_indices),
+            ("out_scores", a.out_scores),
+            ("scratch", a.scratch),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+    /// Address of a scratch region (scratch base + the layout offset).
+    fn region_address(&self, name: &str) -> PyResult<u64> {
+        let layout = self.core.plan().layout();
+        layout.by_name(name).map(|r| self.core.args().scratch + r.offset).ok_or_else(|| {
+            pyo3::exceptions::PyKeyError::new_err(format!("no scratch region {name:?}"))
+        })
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Binding(rows={}, width={}, scores={}, plan=Plan({}))",
+            self.core.rows(),
+            self.core.width(),
+            self.output_scores.is_some(),
+            self.core.plan()
+        )
+    }
+}
+
+/// The scratch tensor out of a tensor, a mapping {name: tensor} or a
+/// one-element sequence (what vLLM's workspace manager returns).
+fn scratch_tensor<'py>(obj: &Bound<'py, PyAny>) -> PyB12xResult<Bound<'py, PyAny>> {
+    let wrong = |got: String| -> CoreError {
+        CoreError::InvalidValue {
+            op: "bind",
+            operand: "scratch".into(),
+            expected: format!(
+                "a uint8 tensor, a mapping {{{SCRATCH_NAME:?}: tensor}} or a one-element sequence"
+            )
+            .into(),
+            got,
+        }
+    };
+    if is_torch_tensor(obj) {
+        return Ok(obj.clone());
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        return match list.len() {
+            1 => Ok(list.get_item(0)?),
+            n => Err(wrong(format!("a list of {n} items")).into()),
+        };
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return match tuple.len() {
+            1 => Ok(tuple.get_item(0)?),
+            n => Err(wrong(format!("a tuple of {n} items")).into()),
+        };
+    }
+    if let Ok(dict) = obj.cast::<PyDict>() {
+        return dict.get_item(SCRATCH_NAME)?.ok_or_else(|| {
+            let keys = dict.keys().repr().map(|r| r.to_string()).unwrap_or_default();
+            wrong(format!("a mapping with keys {keys}")).into()
+        });
+    }
+    Ok(obj.clone()) // any other tensor producer; extract names it if it is none
+}
+
+/// Checks the live tensors of one call against ``plan`` and returns a
+/// :class:`Binding`. Never allocates, launches or syncs; reads metadata only
+/// (the scratch and output bytes are left untouched) and changes nothing in
+/// the plan.
+#[pyfunction]
+#[pyo3(signature = (plan, *, scratch, q_fp8, query_weights, index_k_cache, page_table,
+    cache_lengths, active_width, output_indices, output_scores=None))]
+#[allow(clippy::too_many_arguments)]
+fn indexer_bind(
+    plan: &Bound<'_, PyPlan>,
+    scratch: &Bound<'_, PyAny>,
+    q_fp8: &Bound<'_, PyAny>,
+    query_weights: &Bound<'_, PyAny>,
+    index_k_cache: &Bound<'_, PyAny>,
+    page_table: &Bound<'_, PyAny>,
+    cache_lengths: &Bound<'_, PyAny>,
+    active_width: &Bound<'_, PyAny>,
+    output_indices: &Bound<'_, PyAny>,
+    output_scores: Option<&Bound<'_, PyAny>>,
+) -> PyB12xResult<PyBinding> {
+    const OP: &str = "bind";
+    let scratch = scratch_tensor(scratch)?;
+    let m_scratch = extract(&scratch, OP, "scratch")?;
+    let m_q = extract(q_fp8, OP, "q_fp8")?;
+    let m_w = extract(query_weights, OP, "query_weights")?;
+    let m_k = extract(index_k_cache, OP, "index_k_cache")?;
+    let m_pt = extract(page_table, OP, "page_table")?;
+    let m_lens = extract(cache_lengths, OP, "cache_lengths")?;
+    let m_aw = extract(active_width, OP, "active_width")?;
+    let m_oi = extract(output_indices, OP, "output_indices")?;
+    let m_os = match output_scores {
+        Some(t) => Some(extract(t, OP, "output_scores")?),
+        None => None,
+    };
+    let p = plan.get();
+    let core = indexer::bind(
+        &p.plan,
+        &Operands {
+            scratch: &m_scratch,
+            q_fp8: &m_q,
+            query_weights: &m_w,
+            index_k_cache: &m_k,
+            page_table: &m_pt,
+            cache_lengths: &m_lens,
+            active_width: &m_aw,
+            output_indices: &m_oi,
+            output_scores: m_os.as_ref(),
+        },
+    )?;
+    Ok(PyBinding {
+        core,
+        plan: plan.clone().unbind(),
+        scratch: scratch.unbind(),
+        q_fp8: q_fp8.clone().unbind(),
+        query_weights: query_weights.clone().unbind(),
+        index_k_cache: index_k_cache.clone().unbind(),
+        page_table: page_table.clone().unbind(),
+        cache_lengths: cache_lengths.clone().unbind(),
+        active_width: active_width.clone().unbind(),
+        output_indices: output_indices.clone().unbind(),
+        output_scores: output_scores.map(|t| t.clone().unbind()),
+    })
+}
+
+/// Runs a bound call and returns ``binding.output_indices``. CUDA bindings
+/// enqueue the kernels on torch's current stream (no allocation, no sync);
+/// CPU bindings run the PyTorch reference. Every output slot is written.
+#[pyfunction]
+fn indexer_run(py: Python<'_>, binding: &Bound<'_, PyBinding>) -> PyB12xResult<Py<PyAny>> {
+    let b = binding.get();
+    match b.core.plan().caps().device {
+        Device::Cuda(_) => run_cuda(py, b)?,
+        _ => run_cpu(binding)?,
+    }
+    Ok(b.output_indices.clone_ref(py))
+}
+
+fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
+    static REFERENCE_RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = binding.py();
+    let f = REFERENCE_RUN.get_or_try_init(py, || {
+        Ok::<_, PyErr>(
+            py.import("b12x.attention.dsa_indexer.reference")?.getattr("run_binding")?.unbind(),
+        )
+    })?;
+    f.bind(py).call1((binding,))?;
+    Ok(())
+}
+
+/// The one place the GPU kernels plug in (issue 5): enqueue paged FP8
+/// scoring + exact top-k for `b.core` (plan + `IndexerArgs`) on torch's
+/// current stream of `args.device`, then flip [`KERNELS_WIRED`].
+fn run_cuda(_py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
+    if b.core.rows() == 0 {
+        return Ok(()); // nothing to write; kernels never see an empty grid
+    }
+    Err(PyNotImplementedError::new_err(
+        "b12x.attention.dsa_indexer.run: the GPU kernels (paged FP8 scoring + exact top-k, \
+         issue 5) are not built yet; bindings of CPU tensors run the PyTorch reference",
+    )
+    .into())
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("IndexerCaps", py.get_type::<PyCaps>())?;
+    m.add("IndexerPlan", py.get_type::<PyPlan>())?;
+    m.add("IndexerBinding", py.get_type::<PyBinding>())?;
+    m.add("IndexerScratchSpec", py.get_type::<PyScratchSpec>())?;
+    m.add("IndexerScratchLayout", py.get_type::<PyLayout>())?;
+    m.add("IndexerScratchRegion", py.get_type::<PyRegion>())?;
+    m.add("INDEXER_KERNELS_WIRED", KERNELS_WIRED)?;
+    m.add("INDEXER_SCRATCH_NAME", SCRATCH_NAME)?;
+    m.add_function(wrap_pyfunction!(indexer_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_build_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_plan_count, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_clear_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_bind, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_run, m)?)?;
+    Ok(())
+}
