@@ -139,18 +139,28 @@ def test_scratch_specs_and_shapes_and_dtypes():
     assert torch.empty(shape, dtype=dtype).numel() == p.nbytes
 
 
-REGIONS = ["logits", "carry_values", "carry_indices", "row_state"]
+REGIONS = [
+    "logits",
+    "carry_values",
+    "carry_indices",
+    "partial_values",
+    "partial_indices",
+    "row_state",
+]
 
 
 def test_layout_regions_are_aligned_ordered_and_typed():
     p = di.plan(caps(max_q_rows=3, max_page_table_width=16, supertile_tokens=512))
     layout = p.layout
     assert list(layout) == REGIONS == list(layout.keys())
-    assert len(layout) == 4 and "logits" in layout and "nope" not in layout
+    assert len(layout) == 6 and "logits" in layout and "nope" not in layout
     expect = {
         "logits": (torch.float32, (3, 512)),
         "carry_values": (torch.float32, (2, 3, 512)),
         "carry_indices": (torch.int32, (2, 3, 512)),
+        # one top-k slice (a CPU plan has one "SM"): no partial lists
+        "partial_values": (torch.float32, (0,)),
+        "partial_indices": (torch.int32, (0,)),
         "row_state": (torch.int32, (3, 16)),
     }
     end = 0
@@ -181,6 +191,7 @@ def test_spec_pinned_layout_examples():
 
 
 def test_default_supertile_and_chunks():
+    # prefill: the width, up to 32768 K rows per chunk
     for width, (supertile, chunks) in {
         1: (512, 1),
         8: (512, 1),
@@ -190,8 +201,14 @@ def test_default_supertile_and_chunks():
         1024: (32768, 2),
         4096: (32768, 8),
     }.items():
-        p = di.plan(caps(max_page_table_width=width))
+        p = di.plan(caps(max_page_table_width=width, mode="prefill"))
         assert (p.supertile_tokens, p.max_chunks) == (supertile, chunks), width
+        assert p.max_chunks == math.ceil(p.max_page_table_width * 64 / p.supertile_tokens)
+    # decode: the whole width while rows x supertile f32 logits fit 32 MiB
+    for rows, width, supertile in [(16, 513, 40960), (16, 4096, 262144), (64, 4096, 131072),
+                                   (1024, 4096, 32768), (4096, 512, 32768)]:  # fmt: skip
+        p = di.plan(caps(max_q_rows=rows, max_page_table_width=width))
+        assert p.supertile_tokens == supertile, (rows, width)
         assert p.max_chunks == math.ceil(p.max_page_table_width * 64 / p.supertile_tokens)
 
 
@@ -204,17 +221,28 @@ def expected_nbytes(rows: int, topk: int, supertile: int) -> int:
 
 
 def test_scratch_scales_with_rows_and_with_width_up_to_one_supertile():
-    for rows in (1, 2, 7, 64, 4096):
-        for width in (1, 100, 512, 4096):
-            for topk in (512, 2048):
-                p = di.plan(caps(max_q_rows=rows, max_page_table_width=width, topk=topk))
-                assert p.nbytes == expected_nbytes(rows, topk, p.supertile_tokens)
-    n = lambda r, w: di.plan(caps(max_q_rows=r, max_page_table_width=w)).nbytes  # noqa: E731
+    for mode in ("decode", "prefill"):
+        for rows in (1, 2, 7, 64, 4096):
+            for width in (1, 100, 512, 4096):
+                for topk in (512, 2048):
+                    p = di.plan(
+                        caps(max_q_rows=rows, max_page_table_width=width, topk=topk, mode=mode)
+                    )
+                    assert p.nbytes == expected_nbytes(rows, topk, p.supertile_tokens)
+
+    def n(r, w, m="prefill"):
+        return di.plan(caps(max_q_rows=r, max_page_table_width=w, mode=m)).nbytes
+
     # linear in rows: every region is rows x (a row's bytes), rounded to 1 KiB
     assert abs(n(128, 4096) - 2 * n(64, 4096)) <= 3 * 1024
     assert n(2, 4096) > n(1, 4096) and n(1, 512) == n(1, 4096) and n(1, 64) < n(1, 512)
-    # decode R=1, W=4096, K=512: 128 KiB of logits + 2 x 4 KiB carries + 64 B of row state
+    # prefill R=1, W=4096, K=512: 128 KiB of logits + 2 x 4 KiB carries + 64 B of row state
     assert n(1, 4096) == 131072 + 4096 + 4096 + 64
+    # decode logits stay within max(32 MiB, rows x 32768 x 4): a profile plan
+    # for the most rows also covers every plan with fewer rows
+    for rows in (1, 8, 64, 256, 1024):
+        logits = rows * di.plan(caps(max_q_rows=rows, max_page_table_width=16384)).supertile_tokens
+        assert logits * 4 <= max(32 << 20, rows * 32768 * 4)
 
 
 @pytest.mark.skipif(b12x_cuda.is_available(), reason="checks the no-driver error path")

@@ -188,7 +188,9 @@ def test_scratch_views_alias_the_scratch():
     assert list(views) == list(plan.layout)
     for name, view in views.items():
         region = plan.layout[name]
-        assert view.data_ptr() == b.scratch.data_ptr() + region.offset == b.region_address(name)
+        assert b.scratch.data_ptr() + region.offset == b.region_address(name)
+        if region.nbytes:  # (an empty view reports data_ptr 0)
+            assert view.data_ptr() == b.region_address(name)
         assert (view.dtype, tuple(view.shape)) == (region.dtype, region.shape)
 
 
@@ -213,10 +215,6 @@ def test_cuda_run_dispatches_to_the_kernels():
     plan = di.plan(caps_for(inputs, TOPK))
     out, scores = outputs(2, TOPK, device="cuda")
     binding = bind_all(plan, inputs, out, scores)
-    if not _core.INDEXER_KERNELS_WIRED:
-        with pytest.raises(NotImplementedError, match=r"GPU kernels .* issue 5\) are not built"):
-            di.run(binding)
-        return
     di.run(binding)
     logits = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])

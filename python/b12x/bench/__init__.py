@@ -17,6 +17,7 @@ BENCHES = {
     "extract": "extract",
     "allreduce": "allreduce",
     "plan": "plan",
+    "indexer": "indexer",
 }
 
 

@@ -13,6 +13,7 @@
 pub mod allreduce;
 pub mod device;
 pub mod error;
+pub mod indexer;
 pub mod ipc;
 pub mod launch;
 pub mod ptx;

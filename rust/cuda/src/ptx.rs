@@ -56,6 +56,31 @@ modules! {
         ArTwoShotBF16 = "b12x_allreduce_twoshot_bf16",
         ArTwoShotPushBF16 = "b12x_allreduce_twoshot_push_bf16",
     ],
+    indexer_decode => [
+        IndexerDecodeE4m3H16 = "b12x_indexer_decode_e4m3_h16",
+        IndexerDecodeE4m3H32 = "b12x_indexer_decode_e4m3_h32",
+        IndexerDecodeE4m3H48 = "b12x_indexer_decode_e4m3_h48",
+        IndexerDecodeE4m3H64 = "b12x_indexer_decode_e4m3_h64",
+        IndexerDecodeF16H16 = "b12x_indexer_decode_f16_h16",
+        IndexerDecodeF16H32 = "b12x_indexer_decode_f16_h32",
+        IndexerDecodeF16H48 = "b12x_indexer_decode_f16_h48",
+        IndexerDecodeF16H64 = "b12x_indexer_decode_f16_h64",
+    ],
+    indexer_prefill => [
+        IndexerPrefillE4m3H16 = "b12x_indexer_prefill_e4m3_h16",
+        IndexerPrefillE4m3H32 = "b12x_indexer_prefill_e4m3_h32",
+        IndexerPrefillE4m3H48 = "b12x_indexer_prefill_e4m3_h48",
+        IndexerPrefillE4m3H64 = "b12x_indexer_prefill_e4m3_h64",
+        IndexerPrefillF16H16 = "b12x_indexer_prefill_f16_h16",
+        IndexerPrefillF16H32 = "b12x_indexer_prefill_f16_h32",
+        IndexerPrefillF16H48 = "b12x_indexer_prefill_f16_h48",
+        IndexerPrefillF16H64 = "b12x_indexer_prefill_f16_h64",
+    ],
+    indexer_topk => [
+        IndexerTopkFold = "b12x_indexer_topk_fold",
+        IndexerTopkSlice = "b12x_indexer_topk_slice",
+        IndexerTopkMerge = "b12x_indexer_topk_merge",
+    ],
 }
 
 #[cfg(test)]

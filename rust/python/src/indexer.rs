@@ -10,14 +10,15 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
 use b12x_core::indexer::{
-    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region,
+    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId, Route,
 };
 use b12x_core::{DType, Device, Error as CoreError};
-use pyo3::exceptions::PyNotImplementedError;
+use b12x_cuda::indexer::{launch_indexer, IndexerLaunch, MmaFlavor, Route as LaunchRoute};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyInt, PyList, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use crate::error::PyB12xResult;
 use crate::tensor::{extract, is_torch_tensor};
@@ -25,9 +26,12 @@ use crate::tensor::{extract, is_torch_tensor};
 /// Name of the one scratch buffer a plan asks for.
 const SCRATCH_NAME: &str = "paged_indexer.scratch";
 
-/// Flipped to true by the commit that wires the GPU kernels into [`run_cuda`];
-/// `dsa_indexer.is_supported()` reads it.
-const KERNELS_WIRED: bool = false;
+/// The GPU kernels are wired into [`run_cuda`]; `dsa_indexer.is_supported()` reads it.
+const KERNELS_WIRED: bool = true;
+
+/// Test hook: 0 = each device's own MMA flavor, 1 = force e4m3, 2 = force f16
+/// (lets an sm_90 test run the e4m3 kernels that sm_89 / sm_120 use).
+static FORCED_MMA_FLAVOR: AtomicU8 = AtomicU8::new(0);
 
 static PLANS: LazyLock<InternCache<Caps, Py<PyPlan>>> = LazyLock::new(InternCache::new);
 
@@ -442,6 +446,11 @@ impl PyPlan {
     fn multiprocessors(&self) -> u32 {
         self.plan.multiprocessors()
     }
+    /// Slices of the two-stage top-k (1: one CTA per row reads each chunk).
+    #[getter]
+    fn topk_slices(&self) -> u32 {
+        self.plan.topk_slices()
+    }
     #[getter]
     fn nbytes(&self) -> u64 {
         self.plan.nbytes()
@@ -747,18 +756,66 @@ fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
     Ok(())
 }
 
-/// The one place the GPU kernels plug in (issue 5): enqueue paged FP8
-/// scoring + exact top-k for `b.core` (plan + `IndexerArgs`) on torch's
-/// current stream of `args.device`, then flip [`KERNELS_WIRED`].
-fn run_cuda(_py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
-    if b.core.rows() == 0 {
+/// Enqueues paged FP8 scoring + exact top-k for `b.core` (plan +
+/// `IndexerArgs`) on torch's current stream of the binding's device: no
+/// allocation, no sync, grids from static shapes only.
+fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
+    let core = &b.core;
+    let args = core.args();
+    if args.rows == 0 {
         return Ok(()); // nothing to write; kernels never see an empty grid
     }
-    Err(PyNotImplementedError::new_err(
-        "b12x.attention.dsa_indexer.run: the GPU kernels (paged FP8 scoring + exact top-k, \
-         issue 5) are not built yet; bindings of CPU tensors run the PyTorch reference",
-    )
-    .into())
+    let plan = core.plan();
+    let slices = plan.topk_slices();
+    let partial = |id| if slices > 1 { core.region_address(id) } else { 0 };
+    let launch = IndexerLaunch {
+        device: args.device,
+        stream: crate::torch_stream::current_stream(py, args.device)?,
+        route: match plan.route() {
+            Route::PagedDecode => LaunchRoute::PagedDecode,
+            Route::SharedPrefill => LaunchRoute::SharedPrefill,
+        },
+        physical: plan.caps().index_space == IndexSpace::Physical,
+        flavor: match FORCED_MMA_FLAVOR.load(Ordering::Relaxed) {
+            1 => Some(MmaFlavor::E4m3),
+            2 => Some(MmaFlavor::F16),
+            _ => None,
+        },
+        rows: args.rows,
+        heads: args.heads,
+        width: args.width,
+        topk: args.topk,
+        supertile: plan.supertile(),
+        topk_slices: slices,
+        rows_cap: plan.rows_capacity(),
+        q: args.q,
+        weights: args.weights,
+        kcache: args.kcache,
+        page_stride: args.page_stride,
+        page_table: args.page_table,
+        page_table_row_stride: args.page_table_row_stride,
+        lengths: args.lengths,
+        active_width: args.active_width,
+        out_indices: args.out_indices,
+        out_scores: args.out_scores,
+        logits: core.region_address(RegionId::Logits),
+        carry_values: core.region_address(RegionId::CarryValues),
+        carry_indices: core.region_address(RegionId::CarryIndices),
+        partial_values: partial(RegionId::PartialValues),
+        partial_indices: partial(RegionId::PartialIndices),
+    };
+    // SAFETY: bind checked every operand against the plan (dtype, shape,
+    // strides, device, extent, disjointness) and carved the scratch regions
+    // from a buffer of at least plan.nbytes(); the stream is torch's current
+    // stream of that device.
+    unsafe { launch_indexer(&launch)? };
+    Ok(())
+}
+
+/// Test hook: force the scorers' MMA flavor (0 = the device's, 1 = e4m3, 2 = f16).
+#[pyfunction]
+fn _indexer_force_mma_flavor(flavor: u8) {
+    FORCED_MMA_FLAVOR.store(flavor, Ordering::Relaxed);
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -777,5 +834,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(indexer_clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_bind, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_run, m)?)?;
+    m.add_function(wrap_pyfunction!(_indexer_force_mma_flavor, m)?)?;
     Ok(())
 }

@@ -7,6 +7,7 @@ mod indexer;
 mod runtime;
 mod tensor;
 mod torch_abi;
+mod torch_stream;
 
 use pyo3::prelude::*;
 

@@ -25,14 +25,25 @@ pub enum RegionId {
     CarryValues,
     /// i32 [2, rows, topk]: top-k indices carried across chunks (ping-pong).
     CarryIndices,
+    /// f32 [rows, topk_slices, topk]: per-slice top-k values of the
+    /// two-stage top-k (empty when topk_slices == 1).
+    PartialValues,
+    /// i32 [rows, topk_slices, topk]: their logical indices.
+    PartialIndices,
     /// i32 [rows, 16]: kernel-private per-row counters.
     RowState,
 }
 
 impl RegionId {
     pub const COUNT: usize = REGIONS.len();
-    pub const ALL: [RegionId; 4] =
-        [RegionId::Logits, RegionId::CarryValues, RegionId::CarryIndices, RegionId::RowState];
+    pub const ALL: [RegionId; 6] = [
+        RegionId::Logits,
+        RegionId::CarryValues,
+        RegionId::CarryIndices,
+        RegionId::PartialValues,
+        RegionId::PartialIndices,
+        RegionId::RowState,
+    ];
 }
 
 /// What region shapes may depend on: the plan's static capacities.
@@ -45,6 +56,8 @@ pub struct LayoutInput {
     pub heads_padded: u64,
     pub max_chunks: u64,
     pub multiprocessors: u64,
+    /// Slices of the two-stage top-k (1 = one CTA per row, no partials).
+    pub topk_slices: u64,
 }
 
 pub struct RegionSpec {
@@ -59,7 +72,15 @@ fn dims<const N: usize>(d: [u64; N]) -> RegionShape {
 }
 
 /// The region table. Order is layout order.
-pub const REGIONS: [RegionSpec; 4] = [
+fn partial_shape(g: &LayoutInput) -> RegionShape {
+    if g.topk_slices > 1 {
+        dims([g.rows, g.topk_slices, g.topk])
+    } else {
+        dims([0])
+    }
+}
+
+pub const REGIONS: [RegionSpec; 6] = [
     RegionSpec {
         id: RegionId::Logits,
         name: "logits",
@@ -77,6 +98,18 @@ pub const REGIONS: [RegionSpec; 4] = [
         name: "carry_indices",
         dtype: DType::I32,
         shape: |g| dims([2, g.rows, g.topk]),
+    },
+    RegionSpec {
+        id: RegionId::PartialValues,
+        name: "partial_values",
+        dtype: DType::F32,
+        shape: partial_shape,
+    },
+    RegionSpec {
+        id: RegionId::PartialIndices,
+        name: "partial_indices",
+        dtype: DType::I32,
+        shape: partial_shape,
     },
     RegionSpec {
         id: RegionId::RowState,
@@ -180,6 +213,7 @@ mod tests {
             heads_padded: 64,
             max_chunks: 2,
             multiprocessors: 1,
+            topk_slices: 1,
         }
     }
 
@@ -202,13 +236,23 @@ mod tests {
             end = r.offset + r.nbytes;
         }
         assert_eq!(l.nbytes(), end);
-        // logits 3*512*4 = 6144; carry 2*3*512*4 = 12288 each; row_state 3*16*4
+        // logits 3*512*4 = 6144; carry 2*3*512*4 = 12288 each; no partials
+        // (one slice); row_state 3*16*4
         let offsets: Vec<u64> = l.regions().iter().map(|r| r.offset).collect();
-        assert_eq!(offsets, [0, 6144, 6144 + 12288, 6144 + 2 * 12288]);
+        let carry_end = 6144 + 2 * 12288;
+        assert_eq!(offsets, [0, 6144, 6144 + 12288, carry_end, carry_end, carry_end]);
         assert_eq!(l.nbytes(), 6144 + 2 * 12288 + 192);
         assert_eq!(l.region(RegionId::RowState).shape.as_slice(), &[3, 16]);
         assert_eq!(l.by_name("carry_indices").unwrap().dtype, DType::I32);
         assert!(l.by_name("nope").is_none());
+    }
+
+    #[test]
+    fn two_stage_top_k_gets_partial_regions() {
+        let l = ScratchLayout::new(&LayoutInput { topk_slices: 4, ..input(2, 512, 8192) }).unwrap();
+        assert_eq!(l.region(RegionId::PartialValues).shape.as_slice(), &[2, 4, 512]);
+        assert_eq!(l.region(RegionId::PartialIndices).dtype, DType::I32);
+        assert_eq!(l.region(RegionId::PartialIndices).nbytes, 2 * 4 * 512 * 4);
     }
 
     #[test]

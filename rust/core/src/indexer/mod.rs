@@ -54,5 +54,10 @@ pub const MAX_PAGE_TABLE_WIDTH: u32 = 1 << 24;
 pub const DEFAULT_SUPERTILE: u32 = 32768;
 /// Supertiles are whole multiples of this many K rows.
 pub const SUPERTILE_QUANTUM: u32 = 512;
+/// f32 elements the logits region of a decode plan may take by default: few
+/// rows get a supertile covering the whole width (no serial carry chain).
+pub const DECODE_LOGITS_BUDGET: u64 = 1 << 23;
+/// Smallest slice of the two-stage top-k (phase 1 reduces each slice to topk).
+pub const TOPK_SLICE_MIN: u32 = 8192;
 /// Largest explicit supertile.
 pub const MAX_SUPERTILE: u32 = 65536;

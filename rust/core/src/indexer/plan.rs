@@ -6,7 +6,10 @@ use std::fmt;
 
 use super::caps::{Caps, Mode};
 use super::layout::{LayoutInput, ScratchLayout};
-use super::{DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM};
+use super::{
+    DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM,
+    TOPK_SLICE_MIN,
+};
 use crate::error::{Error, Result};
 
 /// Which kernel sequence a plan runs.
@@ -36,6 +39,7 @@ pub struct Plan {
     supertile: u32,
     max_chunks: u32,
     multiprocessors: u32,
+    topk_slices: u32,
     layout: ScratchLayout,
 }
 
@@ -58,13 +62,35 @@ impl Plan {
             Mode::Prefill => Route::SharedPrefill,
         };
         let width_tokens = caps.max_page_table_width as u64 * PAGE_SIZE as u64;
+        let quantum = SUPERTILE_QUANTUM as u64;
+        let rows = caps.max_q_rows as u64;
         let supertile = if caps.supertile_tokens != 0 {
             caps.supertile_tokens as u64
         } else {
-            // small caches get small chunks; both bounds are multiples of 512
-            width_tokens.next_multiple_of(SUPERTILE_QUANTUM as u64).min(DEFAULT_SUPERTILE as u64)
+            // Small caches get small chunks. Decode plans with few rows take
+            // the whole width in one chunk while the logits fit the budget
+            // (a chunk chain serializes score -> top-k launches per chunk);
+            // every bound is a multiple of 512.
+            let cap = match caps.mode {
+                Mode::Decode => {
+                    let budget = (DECODE_LOGITS_BUDGET / rows) / quantum * quantum;
+                    budget.max(DEFAULT_SUPERTILE as u64)
+                }
+                Mode::Prefill => DEFAULT_SUPERTILE as u64,
+            };
+            width_tokens.next_multiple_of(quantum).min(cap)
         };
         let max_chunks = width_tokens.div_ceil(supertile);
+        // Two-stage top-k when rows alone cannot fill half the SMs: each row's
+        // chunk is cut into slices of >= TOPK_SLICE_MIN tokens reduced in
+        // parallel, then merged (a single CTA per row would take ~8 us
+        // more per 32K logits on an H200).
+        let topk_slices = match caps.mode {
+            Mode::Decode => {
+                (multiprocessors as u64 / (2 * rows)).min(supertile / TOPK_SLICE_MIN as u64).max(1)
+            }
+            Mode::Prefill => 1,
+        };
         let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
         let layout = ScratchLayout::new(&LayoutInput {
             rows: caps.max_q_rows as u64,
@@ -74,15 +100,18 @@ impl Plan {
             heads_padded: heads_padded as u64,
             max_chunks,
             multiprocessors: multiprocessors as u64,
+            topk_slices,
         })?;
         Ok(Plan {
             caps,
             route,
             heads_padded,
-            // both fit: supertile <= 65536 and max_chunks <= width_tokens / 512 < 2^22
+            // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
+            // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
             supertile: supertile as u32,
             max_chunks: max_chunks as u32,
             multiprocessors,
+            topk_slices: topk_slices as u32,
             layout,
         })
     }
@@ -115,6 +144,11 @@ impl Plan {
     #[inline]
     pub fn multiprocessors(&self) -> u32 {
         self.multiprocessors
+    }
+    /// Slices of the two-stage top-k (1: one CTA per row reads the chunk).
+    #[inline]
+    pub fn topk_slices(&self) -> u32 {
+        self.topk_slices
     }
     #[inline]
     pub fn layout(&self) -> &ScratchLayout {
@@ -198,12 +232,28 @@ mod tests {
 
     #[test]
     fn default_supertile_follows_the_width_then_caps_at_32768() {
-        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Decode), 1).unwrap();
+        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Prefill), 1).unwrap();
         assert_eq!((s(1).supertile(), s(1).max_chunks()), (512, 1));
         assert_eq!((s(9).supertile(), s(9).max_chunks()), (1024, 1)); // 10 pages = 640 rows
         assert_eq!((s(512).supertile(), s(512).max_chunks()), (32768, 1));
         assert_eq!((s(1024).supertile(), s(1024).max_chunks()), (32768, 2));
         assert_eq!((s(4096).supertile(), s(4096).max_chunks()), (32768, 8));
+    }
+
+    #[test]
+    fn decode_supertile_takes_the_width_within_the_logits_budget() {
+        let s = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), 132).unwrap();
+        // 1 row x 2048 pages: one chunk of 131072, 16 slices of 8192
+        assert_eq!((s(1, 2048).supertile(), s(1, 2048).max_chunks()), (131072, 1));
+        assert_eq!(s(1, 2048).topk_slices(), 16);
+        // 64 rows: 2^23 / 64 = 131072 tokens per row still fit
+        assert_eq!((s(64, 512).supertile(), s(64, 512).topk_slices()), (32768, 1));
+        assert_eq!(s(64, 4096).supertile(), 131072);
+        // 4096 rows: the budget is below 32768, which stays the floor
+        assert_eq!((s(4096, 4096).supertile(), s(4096, 4096).max_chunks()), (32768, 8));
+        // slices never below 8192 tokens, never more than SMs / (2 rows)
+        assert_eq!(s(16, 1024).topk_slices(), 4);
+        assert_eq!(s(1, 100).topk_slices(), 1);
     }
 
     #[test]
@@ -216,11 +266,11 @@ mod tests {
 
     #[test]
     fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
-        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), 1).unwrap().nbytes();
+        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), 1).unwrap().nbytes();
         assert!(n(2, 1024) > n(1, 1024));
         assert_eq!(n(1, 512), n(1, 4096));
         assert!(n(1, 64) < n(1, 512));
-        // decode R=1, W=4096, K=512: logits 128 KiB, carries 2x4 KiB, row_state 64 B
+        // prefill R=1, W=4096, K=512: logits 128 KiB, carries 2x4 KiB, row_state 64 B
         assert_eq!(n(1, 4096), 131072 + 4096 + 4096 + 64);
     }
 

@@ -1,0 +1,197 @@
+// Shared pieces of the C4 indexer kernels: parameter blocks (mirrored by
+// #[repr(C)] structs in rust/cuda/src/indexer.rs), the FP8 MMA, fragment
+// loads and the live-length rule.
+#pragma once
+
+#include "common.cuh"
+
+// One K page: 64 rows x 128 e4m3 bytes, then 64 fp32 scales (planar).
+#define IDX_PAGE_ROWS 64
+#define IDX_HEAD_DIM 128
+#define IDX_SCALE_OFFSET 8192
+
+// Scorer launch parameters (decode and prefill). Pointers first, then u64,
+// then u32: the Rust mirror has the same order, so no padding differs.
+struct ScoreParams {
+    const u8* q;              // e4m3 [rows, heads, 128]
+    const float* weights;     // f32 [rows, heads]
+    const u8* kcache;         // page base
+    const i32* page_table;    // i32, row r at r * pt_row_stride
+    const i32* lengths;       // i32 [rows]
+    const i32* active_width;  // i32 [1]
+    float* logits;            // f32 [rows, logits_row_stride] (one supertile chunk)
+    u64 page_stride;          // bytes between pages (>= 8448)
+    u64 pt_row_stride;        // elements; 0 = one row shared by every query row
+    u64 logits_row_stride;    // elements (the supertile)
+    u32 rows;
+    u32 heads;
+    u32 width;                // page-table width in pages
+    u32 chunk_start;          // first token of this chunk
+    u32 chunk_len;            // tokens per chunk (the supertile)
+    u32 pages_per_cta;        // decode: pages one CTA scores
+};
+
+// Logit written for a token on an unmapped page (page id < 0): a NaN bit
+// pattern that arithmetic never produces (GPU NaN results are 0x7fffffff),
+// so the top-k can tell "not a candidate" from a NaN logit.
+#define IDX_NOT_CANDIDATE_BITS 0xffffffffu
+__device__ __forceinline__ float idx_not_candidate() { return __uint_as_float(IDX_NOT_CANDIDATE_BITS); }
+
+// Live tokens of query row r: min(len, active_width, width * 64), >= 0.
+// Every kernel clips by the same rule, so a too-small active_width can drop
+// tokens but never exposes stale logits.
+__device__ __forceinline__ u32 idx_live_tokens(const i32* lengths, const i32* active_width,
+                                               u32 r, u32 width) {
+    i32 len = lengths[r];
+    i32 aw = active_width[0];
+    i64 cap = (i64)width * IDX_PAGE_ROWS;
+    i64 live = len < aw ? len : aw;
+    if (live > cap) live = cap;
+    return live > 0 ? (u32)live : 0u;
+}
+
+// D = A * B + C, m16n8k32, e4m3 inputs, f32 accumulate (sm_89+).
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Same, with a zero accumulator (C = 0 costs no register moves).
+__device__ __forceinline__ void mma_e4m3_zero(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                              u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// relu that keeps NaN (fmaxf would turn a NaN dot into 0; torch.relu keeps it).
+__device__ __forceinline__ float relu_nan(float x) {
+    float y;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Fragment layout. The dot product sums over the 128 dims, so A and B may
+// use any one permutation of them. We pick the one where each lane's bytes
+// of a 128-byte row are two 16-byte pieces, [tig*16, +16) and [64 + tig*16,
+// +16) (tig = lane % 4): a warp load of one piece covers 64 contiguous bytes
+// of 8 rows, whole 32-byte sectors. Words w[0..7] of those pieces feed k-step
+// s (0..3) as (w[2s], w[2s+1]), both for A (rows = tokens) and for B
+// (columns = heads), so every logical k matches one physical dim on both sides.
+struct Row32 {
+    uint4 lo;  // bytes [tig*16, +16)
+    uint4 hi;  // bytes [64 + tig*16, +16)
+};
+
+// Word j (0..7) of this lane's 32 bytes: j < 4 from lo, else from hi.
+__device__ __forceinline__ u32 row32_w(const Row32& r, int j) {
+    const uint4& v = j < 4 ? r.lo : r.hi;
+    const int w = j & 3;
+    return w == 0 ? v.x : (w == 1 ? v.y : (w == 2 ? v.z : v.w));
+}
+
+// e4m3 k-step s (32 dims) uses words 2s and 2s + 1.
+__device__ __forceinline__ u32 row32_word(const Row32& r, int s, int half) {
+    return row32_w(r, 2 * s + half);
+}
+
+__device__ __forceinline__ Row32 load_row32(const u8* row, u32 tig) {
+    Row32 r;
+    r.lo = __ldg(reinterpret_cast<const uint4*>(row + tig * 16));
+    r.hi = __ldg(reinterpret_cast<const uint4*>(row + 64 + tig * 16));
+    return r;
+}
+
+// Four e4m3 values (one word) to two exact f16x2 words: bytes 0-1 -> lo, 2-3 -> hi.
+__device__ __forceinline__ void cvt_e4m3x4(u32 w, u32& lo, u32& hi) {
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n"
+        " cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(w));
+}
+
+// m16n8k16 f16 MMA, f32 accumulate (the f16 flavor: sm_90 has no native
+// e4m3 mma.sync and would unpack both operands before every MMA; converting
+// once is exact, since every e4m3 value is an f16 value).
+__device__ __forceinline__ void mma_f16(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                        u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void mma_f16_zero(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                             u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// f16 flavor fragments: k16-step j (0..7) takes word j of each lane's 32
+// bytes, its dims 0-1 as the first f16x2 and 2-3 as the second, for A and B
+// alike (the same bijection onto the 128 dims as the e4m3 flavor).
+// A (16 rows): {lo(row gid), lo(row gid + 8), hi(row gid), hi(row gid + 8)}.
+struct AFragF16 {
+    u32 a[4];
+};
+
+__device__ __forceinline__ AFragF16 a_frag_f16(const Row32& r0, const Row32& r1, int j) {
+    AFragF16 f;
+    cvt_e4m3x4(row32_w(r0, j), f.a[0], f.a[2]);
+    cvt_e4m3x4(row32_w(r1, j), f.a[1], f.a[3]);
+    return f;
+}
+
+// Streaming load for K pages (read once): bypass L1.
+__device__ __forceinline__ uint4 ld_stream_v4(const u8* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ Row32 load_row32_stream(const u8* row, u32 tig) {
+    Row32 r;
+    r.lo = ld_stream_v4(row + tig * 16);
+    r.hi = ld_stream_v4(row + 64 + tig * 16);
+    return r;
+}
+
+__device__ __forceinline__ Row32 zero_row32() {
+    Row32 r;
+    r.lo = make_uint4(0, 0, 0, 0);
+    r.hi = make_uint4(0, 0, 0, 0);
+    return r;
+}
+
+// One m-tile of K (16 tokens): this lane's rows gid and gid + 8.
+struct KTile {
+    Row32 r0;
+    Row32 r1;
+};
+
+// acc[n] (16 tokens x 8 heads of n-tile n) += K tile x Q fragments.
+template <int NT>
+__device__ __forceinline__ void mma_tile(float (&acc)[NT][4], const KTile& k,
+                                         const Row32 (&qf)[NT]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+            const u32 a0 = row32_word(k.r0, s, 0), a1 = row32_word(k.r1, s, 0);
+            const u32 a2 = row32_word(k.r0, s, 1), a3 = row32_word(k.r1, s, 1);
+            const u32 b0 = row32_word(qf[n], s, 0), b1 = row32_word(qf[n], s, 1);
+            if (s == 0)
+                mma_e4m3_zero(acc[n], a0, a1, a2, a3, b0, b1);
+            else
+                mma_e4m3(acc[n], a0, a1, a2, a3, b0, b1);
+        }
+    }
+}

@@ -1,0 +1,565 @@
+// Exact top-k over supertile chunks, carried in a fixed double buffer.
+//
+// Order: value descending, ties to the lowest logical index, NaN below every
+// number (-inf included), -0 equal to +0. Each candidate gets a unique 64-bit
+// key (order-preserving value key << 32 | ~index), so the top-k set is unique
+// and a radix select over that key finds it exactly: 12/12/8-bit digits of
+// the value, then of the index when values tie. The first digit is counted
+// over all candidates; the bin that holds the k-th key is buffered in shared
+// memory when it fits (CAP), and the later digits only read that buffer. A
+// bin that does not fit is refined by re-scanning the candidates: slower, but
+// exact and allocation-free.
+//
+// Kernels (one 512-thread CTA per row, or per (slice, row)):
+//   fold   carry + chunk logits            -> next carry, or the outputs on the last chunk
+//   slice  one slice of the chunk logits   -> that slice's top-k (partials)
+//   merge  carry + every slice's partials  -> next carry, or the outputs
+// Logits of tokens on unmapped pages hold IDX_NOT_CANDIDATE_BITS and are
+// skipped; a row with n <= topk candidates emits them all (in any order) and
+// pads -1 / -inf. Carry and partial lists have a static length (from the
+// lengths alone) and pad their unused slots with not-a-candidate entries.
+#include "indexer_common.cuh"
+
+#define TOPK_THREADS 1024
+#define TOPK_WARPS (TOPK_THREADS / 32)
+#define TOPK_CAP 3072
+#define TOPK_MAX_BINS 4096
+#define TOPK_UNROLL 2  // float4 groups in flight per thread and round
+
+struct TopkParams {
+    const float* logits;      // chunk logits [rows, logits_row_stride]
+    const i32* lengths;       // i32 [rows]
+    const i32* active_width;  // i32 [1]
+    const i32* page_table;    // for physical output; row r at r * pt_row_stride
+    float* carry_values;      // [2, rows_cap, topk]
+    i32* carry_indices;
+    float* part_values;       // [rows, slices, topk]
+    i32* part_indices;
+    i32* out_indices;         // [rows, topk]
+    float* out_scores;        // [rows, topk] or null
+    u64 logits_row_stride;
+    u64 pt_row_stride;
+    u64 carry_half_stride;  // rows_cap * topk
+    u32 rows;
+    u32 width;
+    u32 topk;
+    u32 chunk;
+    u32 num_chunks;
+    u32 chunk_len;
+    u32 slices;
+    u32 slice_len;
+    u32 physical;
+    u32 pad_;
+};
+
+// ---------------------------------------------------------------- keys
+
+__device__ __forceinline__ u32 value_key(float v) {
+    u32 b = __float_as_uint(v);
+    if (v != v) return 0u;       // NaN: below every number
+    if (v == 0.0f) b = 0u;       // -0 == +0
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ u64 cand_key(float v, u32 idx) {
+    return ((u64)value_key(v) << 32) | (u64)(~idx);
+}
+
+// ---------------------------------------------------------------- row state
+
+struct RowChunk {
+    u32 live;      // live tokens of the row
+    u32 n_chunk;   // live tokens in this chunk
+    u32 n_carry;   // entries carried from earlier chunks
+    u32 carry_in;  // half of the carry buffer holding them
+    bool last;
+    bool active;   // the chunk holds live tokens
+};
+
+__device__ __forceinline__ RowChunk row_chunk(const TopkParams& p, u32 r) {
+    RowChunk c;
+    i32 len = p.lengths[r];
+    i32 aw = p.active_width[0];
+    i64 cap = (i64)p.width * 64;
+    i64 live = len < aw ? len : aw;
+    if (live > cap) live = cap;
+    c.live = live > 0 ? (u32)live : 0u;
+    const u64 cs = (u64)p.chunk * p.chunk_len;
+    c.active = c.live > cs;
+    c.n_chunk = c.active ? (u32)min((u64)c.live - cs, (u64)p.chunk_len) : 0u;
+    c.last = p.chunk + 1 == p.num_chunks;
+    const u64 before = min((u64)c.live, cs);
+    c.n_carry = (u32)min(before, (u64)p.topk);
+    // Chunks done before this one: all earlier chunks while live, else the live ones.
+    const u32 done_chunks = (u32)min((u64)p.chunk, ((u64)c.live + p.chunk_len - 1) / p.chunk_len);
+    c.carry_in = done_chunks > 0 ? (done_chunks - 1) & 1 : 0;
+    return c;
+}
+
+// ---------------------------------------------------------------- sources
+
+struct Cand {
+    float v;
+    u32 idx;
+    bool ok;
+};
+
+__device__ __forceinline__ bool is_candidate(float v) {
+    return __float_as_uint(v) != IDX_NOT_CANDIDATE_BITS;
+}
+
+// A source is a short scalar head (the carry) and a vector part read as
+// float4 groups: head(i) for i < n_head(), group(g) -> 4 candidates for
+// g < n_groups().
+
+struct Cand4 {
+    float v[4];
+    u32 idx[4];
+    bool ok[4];
+};
+
+// carry + contiguous chunk logits (fold) or one slice of them (slice: no carry).
+// `logits` is 16-byte aligned and readable up to the next multiple of 4 of n.
+struct DenseSource {
+    const float* cv;
+    const i32* ci;
+    u32 n_carry;
+    const float* logits;  // first candidate of the range
+    u32 idx0;             // its logical index
+    u32 n;                // logits in the range
+    __device__ __forceinline__ u32 n_head() const { return n_carry; }
+    __device__ __forceinline__ u32 n_groups() const { return (n + 3) / 4; }
+    __device__ __forceinline__ Cand head(u32 i) const {
+        Cand c;
+        c.v = cv[i];
+        c.idx = (u32)ci[i];
+        c.ok = is_candidate(c.v);
+        return c;
+    }
+    __device__ __forceinline__ Cand4 group(u32 g) const {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(logits) + g);
+        Cand4 c;
+        c.v[0] = v.x;
+        c.v[1] = v.y;
+        c.v[2] = v.z;
+        c.v[3] = v.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 i = 4 * g + e;
+            c.idx[e] = idx0 + i;
+            c.ok[e] = i < n && is_candidate(c.v[e]);
+        }
+        return c;
+    }
+};
+
+// carry + the slices' partial lists (slice s holds min(topk, its length) entries).
+struct MergeSource {
+    const float* cv;
+    const i32* ci;
+    u32 n_carry;
+    const float* pv;  // [slices, topk] of this row
+    const i32* pi;
+    u32 topk_shift;   // log2(topk)
+    u32 slices;
+    u32 slice_len;
+    u32 n_chunk;
+    __device__ __forceinline__ u32 slice_count(u32 s) const {
+        const u32 start = s * slice_len;
+        const u32 len = n_chunk > start ? min(n_chunk - start, slice_len) : 0u;
+        return min(len, 1u << topk_shift);
+    }
+    __device__ __forceinline__ u32 n_head() const { return n_carry; }
+    __device__ __forceinline__ u32 n_groups() const { return (slices << topk_shift) / 4; }
+    __device__ __forceinline__ Cand head(u32 i) const {
+        Cand c;
+        c.v = cv[i];
+        c.idx = (u32)ci[i];
+        c.ok = is_candidate(c.v);
+        return c;
+    }
+    __device__ __forceinline__ Cand4 group(u32 g) const {
+        const u32 j = 4 * g;
+        const u32 e0 = j & ((1u << topk_shift) - 1);
+        const u32 cnt = slice_count(j >> topk_shift);
+        Cand4 c;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int4 ix = make_int4(0, 0, 0, 0);
+        if (e0 < cnt) {
+            v = __ldcg(reinterpret_cast<const float4*>(pv) + g);
+            ix = __ldcg(reinterpret_cast<const int4*>(pi) + g);
+        }
+        c.v[0] = v.x;
+        c.v[1] = v.y;
+        c.v[2] = v.z;
+        c.v[3] = v.w;
+        c.idx[0] = (u32)ix.x;
+        c.idx[1] = (u32)ix.y;
+        c.idx[2] = (u32)ix.z;
+        c.idx[3] = (u32)ix.w;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c.ok[e] = e0 + e < cnt && is_candidate(c.v[e]);
+        return c;
+    }
+};
+
+// ---------------------------------------------------------------- sinks
+
+struct ValueSink {  // carry or partial list: (value, logical index)
+    float* v;
+    i32* i;
+    __device__ __forceinline__ void emit(u32 slot, float val, u32 idx) const {
+        v[slot] = val;
+        i[slot] = (i32)idx;
+    }
+    __device__ __forceinline__ void pad(u32 from, u32 to) const {
+        for (u32 j = from + threadIdx.x; j < to; j += TOPK_THREADS) {
+            v[j] = idx_not_candidate();
+            i[j] = -1;
+        }
+    }
+};
+
+struct OutputSink {  // the user's outputs, logical or physical indices
+    i32* idx;
+    float* scores;  // may be null
+    const i32* pt_row;
+    bool physical;
+    __device__ __forceinline__ void emit(u32 slot, float val, u32 t) const {
+        i32 out = (i32)t;
+        if (physical) {
+            const i32 pid = pt_row[t >> 6];
+            out = pid < 0 ? -1 : pid * 64 + (i32)(t & 63);
+        }
+        idx[slot] = out;
+        if (scores != nullptr) scores[slot] = val;
+    }
+    __device__ __forceinline__ void pad(u32 from, u32 to) const {
+        for (u32 j = from + threadIdx.x; j < to; j += TOPK_THREADS) {
+            idx[j] = -1;
+            if (scores != nullptr) scores[j] = b12x_neg_inf();
+        }
+    }
+};
+
+// ---------------------------------------------------------------- block helpers
+
+struct TopkSmem {
+    u32 hist[TOPK_MAX_BINS];
+    u32 buf_v[TOPK_CAP];
+    u32 buf_i[TOPK_CAP];
+    u32 warp_sum[TOPK_WARPS];
+    u32 buf_n;
+    u32 out_n;
+    u32 res_bin;
+    u32 res_above;
+    u32 res_cnt;
+    u32 res_total;
+};
+
+// Exclusive prefix sum of x over the block in thread order; returns it and
+// sets *total. Contains two barriers; every thread must call it.
+__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, TopkSmem& sm) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 inc = x;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= (u32)d) inc += y;
+    }
+    if (lane == 31) sm.warp_sum[warp] = inc;
+    __syncthreads();
+    u32 before = 0, all = 0;
+#pragma unroll
+    for (int w = 0; w < TOPK_WARPS; ++w) {
+        const u32 s = sm.warp_sum[w];
+        before += (u32)w < warp ? s : 0u;
+        all += s;
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - x;
+}
+
+// Bin holding the need-th largest key (bins counted from the top): writes
+// res_bin, res_above (keys in higher bins), res_cnt and res_total (all
+// counted keys; when need > res_total no bin is written). Barriers inside.
+__device__ __forceinline__ void find_bin(TopkSmem& sm, u32 nbins, u32 need) {
+    const u32 per = (nbins + TOPK_THREADS - 1) / TOPK_THREADS;
+    const u32 t = threadIdx.x;
+    // Thread t owns bins [hi - per, hi), hi = nbins - t * per, scanned downwards.
+    const i32 hi = (i32)nbins - (i32)(t * per);
+    u32 local = 0;
+    for (u32 j = 0; j < per; ++j) {
+        const i32 b = hi - 1 - (i32)j;
+        if (b >= 0) local += sm.hist[b];
+    }
+    u32 total;
+    const u32 before = block_exclusive_scan(local, &total, sm);
+    if (t == 0) sm.res_total = total;
+    if (before < need && need <= before + local) {
+        u32 acc = before;
+        for (u32 j = 0; j < per; ++j) {
+            const i32 b = hi - 1 - (i32)j;
+            const u32 c = sm.hist[b];
+            if (acc + c >= need) {
+                sm.res_bin = (u32)b;
+                sm.res_above = acc;
+                sm.res_cnt = c;
+                break;
+            }
+            acc += c;
+        }
+    }
+    __syncthreads();
+}
+
+// Calls f(ok, v, idx) for every candidate slot: the head one per thread and
+// round, the vector part TOPK_UNROLL float4 groups per thread and round.
+// Every thread makes the same number of calls (warp collectives are safe in f).
+template <class Src, class F>
+__device__ __forceinline__ void for_each_cand(const Src& src, F&& f) {
+    const u32 nh = src.n_head();
+    for (u32 base = 0; base < nh; base += TOPK_THREADS) {
+        const u32 i = base + threadIdx.x;
+        Cand c;
+        c.ok = false;
+        c.v = 0.0f;
+        c.idx = 0;
+        if (i < nh) c = src.head(i);
+        f(c.ok, c.v, c.idx);
+    }
+    const u32 ng = src.n_groups();
+    for (u32 base = 0; base < ng; base += TOPK_THREADS * TOPK_UNROLL) {
+        Cand4 c[TOPK_UNROLL];
+#pragma unroll
+        for (int u = 0; u < TOPK_UNROLL; ++u) {
+            const u32 g = base + u * TOPK_THREADS + threadIdx.x;
+            if (g < ng) {
+                c[u] = src.group(g);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    c[u].ok[e] = false;
+                    c[u].v[e] = 0.0f;
+                    c[u].idx[e] = 0;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < TOPK_UNROLL; ++u)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) f(c[u].ok[e], c[u].v[e], c[u].idx[e]);
+    }
+}
+
+// Warp-aggregated append: slot for this lane when sel, from counter *ctr.
+__device__ __forceinline__ u32 warp_append(bool sel, u32* ctr) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 mask = __ballot_sync(0xffffffffu, sel);
+    u32 base = 0;
+    if (lane == 0 && mask != 0) base = atomicAdd(ctr, (u32)__popc(mask));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    return base + (u32)__popc(mask & ((1u << lane) - 1u));
+}
+
+__constant__ u32 kLevelShift[6] = {52, 40, 32, 20, 8, 0};
+__constant__ u32 kLevelWidth[6] = {12, 12, 8, 12, 12, 8};
+
+// The k best candidates of src to sink slots [0, k) when there are more
+// than k, else all of them; then padding up to pad_to.
+// The first digit (top 12 bits of the value key) over the whole source, in
+// 32-bit arithmetic: one shared atomic per candidate.
+template <class Src>
+__device__ __forceinline__ void count_top_digit(const Src& src, TopkSmem& sm) {
+    for (u32 b = threadIdx.x; b < TOPK_MAX_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    __syncthreads();
+    for_each_cand(src, [&](bool ok, float v, u32) {
+        if (ok) atomicAdd(&sm.hist[value_key(v) >> 20], 1u);
+    });
+    __syncthreads();
+}
+
+// Appends (v, idx) for the lanes with sel; one vote when no lane has one.
+template <class Sink>
+__device__ __forceinline__ void emit_if(bool sel, float v, u32 idx, const Sink& sink,
+                                        TopkSmem& sm) {
+    if (__any_sync(0xffffffffu, sel)) {
+        const u32 slot = warp_append(sel, &sm.out_n);
+        if (sel) sink.emit(slot, v, idx);
+    }
+}
+
+// The k best candidates of src to sink slots [0, k) when there are more
+// than k, else all of them; then padding up to pad_to.
+template <class Src, class Sink>
+__device__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink, TopkSmem& sm) {
+    if (threadIdx.x == 0) {
+        sm.out_n = 0;
+        sm.buf_n = 0;
+    }
+    count_top_digit(src, sm);  // (its first barrier publishes the counters' reset)
+    find_bin(sm, TOPK_MAX_BINS, k);
+    if (sm.res_total <= k) {
+        // Not more candidates than slots: all of them, then padding.
+        const u32 total = sm.res_total;
+        for_each_cand(src, [&](bool ok, float v, u32 idx) { emit_if(ok, v, idx, sink, sm); });
+        sink.pad(total, pad_to);
+        return;
+    }
+    const u32 bin0 = sm.res_bin;
+    u32 need = k - sm.res_above;
+    if (sm.res_cnt == need) {  // the whole bin is in
+        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+            emit_if(ok && (value_key(v) >> 20) >= bin0, v, idx, sink, sm);
+        });
+        return;
+    }
+    // Refine with the 64-bit key (value key << 32 | ~index), digits below the
+    // first: in shared memory when the bin fits the buffer, else by
+    // re-scanning the source (exact either way).
+    const bool buffered = sm.res_cnt <= TOPK_CAP;
+    if (buffered) {
+        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+            const u32 top = ok ? value_key(v) >> 20 : 0u;
+            emit_if(ok && top > bin0, v, idx, sink, sm);
+            const bool keep = ok && top == bin0;
+            if (__any_sync(0xffffffffu, keep)) {
+                const u32 j = warp_append(keep, &sm.buf_n);
+                if (keep) {
+                    sm.buf_v[j] = __float_as_uint(v);
+                    sm.buf_i[j] = idx;
+                }
+            }
+        });
+        __syncthreads();
+    }
+    u64 prefix = bin0;  // key >> shift of the bin chosen so far
+    u32 shift = kLevelShift[0];
+    for (int lvl = 1; lvl < 6; ++lvl) {
+        shift = kLevelShift[lvl];
+        const u32 width = kLevelWidth[lvl];
+        const u32 nbins = 1u << width;
+        for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
+        __syncthreads();
+        const u32 above_shift = shift + width;  // prefix bits above this digit
+        auto count = [&](bool ok, float v, u32 idx) {
+            const u64 key = cand_key(v, idx);
+            if (ok && (key >> above_shift) == prefix)
+                atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
+        };
+        if (!buffered) {
+            for_each_cand(src, count);
+        } else {
+            const u32 nb = sm.buf_n;
+            for (u32 j = threadIdx.x; j < nb; j += TOPK_THREADS)
+                count(true, __uint_as_float(sm.buf_v[j]), sm.buf_i[j]);
+        }
+        __syncthreads();
+        find_bin(sm, nbins, need);
+        prefix = (prefix << width) | sm.res_bin;
+        need -= sm.res_above;
+        if (sm.res_cnt == need) break;  // every key of this bin is in: done
+        // (res_* are read before the next level's find_bin rewrites them:
+        //  the histogram clear and its barrier sit in between)
+    }
+    // Selected: key >> shift >= prefix (within the buffer if one was made; the
+    // keys above the buffered bin were emitted when it was filled).
+    const u64 pre = prefix;
+    const u32 sh = shift;
+    auto emit_sel = [&](bool ok, float v, u32 idx) {
+        emit_if(ok && (cand_key(v, idx) >> sh) >= pre, v, idx, sink, sm);
+    };
+    if (!buffered) {
+        for_each_cand(src, emit_sel);
+    } else {
+        const u32 nb = sm.buf_n;
+        for (u32 base = 0; base < nb; base += TOPK_THREADS) {
+            const u32 j = base + threadIdx.x;
+            const bool ok = j < nb;
+            emit_sel(ok, ok ? __uint_as_float(sm.buf_v[j]) : 0.0f, ok ? sm.buf_i[j] : 0u);
+        }
+    }
+}
+
+__device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1); }
+
+// Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
+template <class Src>
+__device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const RowChunk& rc,
+                                               const Src& src, TopkSmem& sm) {
+    if (rc.last) {
+        OutputSink sink;
+        sink.idx = p.out_indices + (u64)r * p.topk;
+        sink.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
+        sink.pt_row = p.page_table + (u64)r * p.pt_row_stride;
+        sink.physical = p.physical != 0;
+        select_topk(src, p.topk, p.topk, sink, sm);
+    } else {
+        ValueSink sink;
+        const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
+        sink.v = p.carry_values + off;
+        sink.i = p.carry_indices + off;
+        // The next chunk reads min(topk, live tokens so far) carry slots.
+        const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
+        select_topk(src, p.topk, (u32)min(through, (u64)p.topk), sink, sm);
+    }
+}
+
+// Grid (rows): carry + this chunk's logits.
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
+    __shared__ TopkSmem sm;
+    const u32 r = blockIdx.x;
+    const RowChunk rc = row_chunk(p, r);
+    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
+    DenseSource src;
+    const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
+    src.cv = p.carry_values + cin;
+    src.ci = p.carry_indices + cin;
+    src.n_carry = rc.n_carry;
+    src.logits = p.logits + (u64)r * p.logits_row_stride;
+    src.idx0 = p.chunk * p.chunk_len;
+    src.n = rc.n_chunk;
+    select_to_dest(p, r, rc, src, sm);
+}
+
+// Grid (rows, slices): the top-k of one slice of this chunk's logits.
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
+    __shared__ TopkSmem sm;
+    const u32 r = blockIdx.x, s = blockIdx.y;
+    const RowChunk rc = row_chunk(p, r);
+    const u32 start = s * p.slice_len;
+    if (rc.n_chunk <= start) return;
+    DenseSource src;
+    src.cv = nullptr;
+    src.ci = nullptr;
+    src.n_carry = 0;
+    src.logits = p.logits + (u64)r * p.logits_row_stride + start;
+    src.idx0 = p.chunk * p.chunk_len + start;
+    src.n = min(rc.n_chunk - start, p.slice_len);
+    ValueSink sink;
+    const u64 off = ((u64)r * p.slices + s) * p.topk;
+    sink.v = p.part_values + off;
+    sink.i = p.part_indices + off;
+    select_topk(src, p.topk, min(src.n, p.topk), sink, sm);
+}
+
+// Grid (rows): carry + the slices' partial lists of this chunk.
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
+    __shared__ TopkSmem sm;
+    const u32 r = blockIdx.x;
+    const RowChunk rc = row_chunk(p, r);
+    if (!rc.active && !rc.last) return;
+    MergeSource src;
+    const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
+    src.cv = p.carry_values + cin;
+    src.ci = p.carry_indices + cin;
+    src.n_carry = rc.n_carry;
+    src.pv = p.part_values + (u64)r * p.slices * p.topk;
+    src.pi = p.part_indices + (u64)r * p.slices * p.topk;
+    src.topk_shift = log2_pow2(p.topk);
+    src.slices = p.slices;
+    src.slice_len = p.slice_len;
+    src.n_chunk = rc.n_chunk;
+    select_to_dest(p, r, rc, src, sm);
+}

@@ -1,0 +1,223 @@
+"""C4 indexer: b12x kernels vs the PyTorch path, CUDA-graph replay, L2 flushed.
+
+Each arm is captured once in a CUDA graph and replayed; before every replay a
+buffer of twice the L2 size is rewritten (outside the timed events), so every
+sample reads the K cache from HBM. The `torch` arm is what a user would write:
+gather the pages, a bf16 GEMM per head, relu * weight, sum over heads, times
+the per-token scale, mask, `torch.topk`. The table adds the HBM floor (K
+cache, Q and outputs at 4.3 TB/s) and the FP8 floor (2 * rows * heads * 128 *
+live tokens at 1.3 PFLOP/s, the measured `mma.sync` peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+
+from b12x.bench.common import BenchResult
+
+HBM_BYTES_PER_S = 4.3e12
+MMA_FLOP_PER_S = 1.3e15
+PAGE = 64
+PAGE_BYTES = 8448
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    rows: int
+    context: int  # K rows of the longest row
+    prefill: bool
+    heads: int = 64
+    topk: int = 512
+
+    @property
+    def width(self) -> int:
+        return self.context // PAGE
+
+    def lengths(self) -> list[int]:
+        if self.prefill:  # causal: L - rows + 1 .. L
+            return [self.context - self.rows + 1 + i for i in range(self.rows)]
+        return [self.context] * self.rows
+
+
+CASES = {
+    c.name: c
+    for c in (
+        Case("decode_r64_L32768", 64, 32768, prefill=False),
+        Case("decode_r1_L131072", 1, 131072, prefill=False),
+        Case("prefill_r4096_L32768", 4096, 32768, prefill=True),
+        Case("decode_r16_L65536", 16, 65536, prefill=False),
+    )
+}
+DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=sorted(CASES))
+    p.add_argument("--iters", type=int, default=50, help="timed replays per arm")
+    p.add_argument("--torch-iters", type=int, default=10, help="timed replays of the torch arm")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch arm")
+
+
+def make_inputs(case: Case, device: str = "cuda"):
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(1234)
+    rows, heads, width = case.rows, case.heads, case.width
+    table_rows = 1 if case.prefill else rows
+    n_pages = table_rows * width
+    q = (torch.randn(rows, heads, 128, device=device, generator=g) * 2).to(torch.float8_e4m3fn)
+    w = torch.randn(rows, heads, device=device, generator=g) * heads**-0.5
+    k = (torch.randn(n_pages, PAGE, 128, device=device, generator=g) * 2).to(torch.float8_e4m3fn)
+    scales = torch.rand(n_pages, PAGE, device=device, generator=g) + 0.05
+    kcache = torch.empty((n_pages, PAGE_BYTES), dtype=torch.uint8, device=device)
+    kcache[:, :8192] = k.view(torch.uint8).reshape(n_pages, 8192)
+    kcache[:, 8192:] = scales.view(torch.uint8).reshape(n_pages, 256)
+    table = torch.randperm(n_pages, device=device, generator=g).int().reshape(table_rows, width)
+    if case.prefill:
+        table = table.expand(rows, width)
+    lengths = torch.tensor(case.lengths(), dtype=torch.int32, device=device)
+    aw = torch.tensor([max(case.lengths())], dtype=torch.int32, device=device)
+    return q, w, kcache, table, lengths, aw
+
+
+def torch_indexer(q, w, kcache, table, lengths, topk, row_block: int = 256):
+    """The PyTorch path: gather -> bf16 GEMM per head -> relu*w -> sum -> scale -> mask -> topk."""
+    import torch
+
+    rows, _heads, _ = q.shape
+    width = table.shape[1]
+    pages = kcache.shape[0]
+    k_all = kcache[:, :8192].view(torch.float8_e4m3fn).reshape(pages, PAGE, 128)
+    s_all = kcache[:, 8192:].contiguous().view(torch.float32).reshape(pages, PAGE)
+    pos = torch.arange(width * PAGE, device=q.device)
+    outs = []
+    for r0 in range(0, rows, row_block):
+        r1 = min(rows, r0 + row_block)
+        tb = table[r0:r1].long()
+        if table.stride(0) == 0:  # one shared table: gather once
+            k = k_all[tb[0]].to(torch.bfloat16).reshape(1, width * PAGE, 128)
+            s = s_all[tb[0]].reshape(1, width * PAGE)
+        else:
+            k = k_all[tb].to(torch.bfloat16).reshape(r1 - r0, width * PAGE, 128)
+            s = s_all[tb].reshape(r1 - r0, width * PAGE)
+        dots = torch.matmul(q[r0:r1].to(torch.bfloat16), k.transpose(1, 2))  # [b, heads, T]
+        logits = (torch.relu(dots.float()) * w[r0:r1, :, None]).sum(1) * s
+        logits = logits.masked_fill(pos[None, :] >= lengths[r0:r1, None], -math.inf)
+        outs.append(torch.topk(logits, topk, dim=1).indices.int())
+    return torch.cat(outs)
+
+
+def time_graph_us(fn, iters: int, flush) -> list[float]:
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up outside capture (allocator, lazy init)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
+    for i in range(iters):
+        flush.add_(1)
+        starts[i].record()
+        graph.replay()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)]
+
+
+def floors_us(case: Case) -> tuple[float, float]:
+    lengths = case.lengths()
+    pages_read = (1 if case.prefill else case.rows) * case.width
+    q_bytes = case.rows * case.heads * (128 + 4)
+    out_bytes = case.rows * case.topk * 8
+    hbm = (pages_read * PAGE_BYTES + q_bytes + out_bytes) / HBM_BYTES_PER_S * 1e6
+    flop = 2.0 * case.heads * 128 * sum(lengths)
+    return hbm, flop / MMA_FLOP_PER_S * 1e6
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    import torch
+
+    from b12x import _core
+    from b12x.attention import dsa_indexer as di
+
+    result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters})
+    if not torch.cuda.is_available() or not di.is_supported():
+        result.notes.append("no supported CUDA device: nothing to measure")
+        result.ok = False
+        return result
+    dev = torch.cuda.current_device()
+    l2 = int(_core.device_info(dev)["l2_bytes"])
+    flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    for name in args.cases:
+        case = CASES[name]
+        q, w, kcache, table, lengths, aw = make_inputs(case)
+        plan = di.plan(
+            di.Caps(
+                device=f"cuda:{dev}",
+                num_q_heads=case.heads,
+                max_q_rows=case.rows,
+                max_page_table_width=case.width,
+                topk=case.topk,
+                mode="prefill" if case.prefill else "decode",
+            )
+        )
+        scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
+        idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
+        sc = torch.empty((case.rows, case.topk), device="cuda")
+        binding = di.bind(
+            plan,
+            scratch=scratch,
+            q_fp8=q,
+            query_weights=w,
+            index_k_cache=kcache,
+            page_table=table,
+            cache_lengths=lengths,
+            active_width=aw,
+            output_indices=idx,
+            output_scores=sc,
+        )
+        hbm, mma = floors_us(case)
+        extra = {
+            "hbm_floor_us": hbm,
+            "fp8_floor_us": mma,
+            "supertile": plan.supertile_tokens,
+            "slices": plan.topk_slices,
+        }
+        b = result.add(
+            name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
+        )
+        if not args.no_torch:
+            ref = {}
+
+            def torch_call(q=q, w=w, kcache=kcache, table=table, lengths=lengths, ref=ref,
+                           topk=case.topk):  # fmt: skip
+                ref["idx"] = torch_indexer(q, w, kcache, table, lengths, topk)
+
+            t = result.add(
+                name, "torch", time_graph_us(torch_call, args.torch_iters, flush), **extra
+            )
+            # agreement of the two arms (bf16 GEMM in the torch arm: near-ties may differ)
+            overlap = min(
+                len(set(a.tolist()) & set(c.tolist())) / case.topk
+                for a, c in zip(idx[:64].cpu(), ref["idx"][:64].cpu(), strict=True)
+            )
+            b["topk_overlap_min"] = overlap
+            t["topk_overlap_min"] = overlap
+            b["speedup_vs_torch"] = t["median_us"] / b["median_us"]
+            result.notes.append(
+                f"{name}: b12x {b['median_us']:.1f} us, torch {t['median_us']:.1f} us "
+                f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
+            )
+            del ref
+        del q, w, kcache, table, scratch, binding
+        torch.cuda.empty_cache()
+    return result

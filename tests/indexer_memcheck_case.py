@@ -1,0 +1,60 @@
+"""A small indexer case for `compute-sanitizer --tool memcheck` (not a pytest module).
+
+    compute-sanitizer --tool memcheck python tests/indexer_memcheck_case.py
+
+Runs decode (one and several chunks, two-stage top-k, physical output, an
+unmapped page, a partial last page, len 0) and shared-table prefill through
+plan / bind / run, each once.
+"""
+
+from __future__ import annotations
+
+import torch
+from b12x.attention import dsa_indexer as di
+from b12x.attention.dsa_indexer import reference as ref
+
+
+def case(rows, heads, width, lengths, mode, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    table_rows = 1 if mode == "prefill" else rows
+    pages = table_rows * width
+    k_fp8, scales = ref.quantize_index_k(torch.randn(pages, 64, 128, device="cuda", generator=g))
+    cache = ref.pack_index_k_cache(k_fp8, scales, page_stride=8448 + 16)
+    table = torch.randperm(pages, device="cuda", generator=g).int().reshape(table_rows, width)
+    table[0, 3] = -1
+    if mode == "prefill":
+        table = table.expand(rows, width)
+    return {
+        "q_fp8": torch.randn(rows, heads, 128, device="cuda", generator=g).to(torch.float8_e4m3fn),
+        "query_weights": torch.randn(rows, heads, device="cuda", generator=g),
+        "index_k_cache": cache,
+        "page_table": table,
+        "cache_lengths": torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+        "active_width": torch.tensor([max(lengths)], dtype=torch.int32, device="cuda"),
+    }
+
+
+def main() -> None:
+    rows, heads, width = 3, 48, 300
+    for mode, supertile, space in [
+        ("decode", 0, "logical"),  # one chunk, two-stage top-k
+        ("decode", 1536, "physical"),  # several chunks
+        ("prefill", 1024, "logical"),
+    ]:
+        inputs = case(rows, heads, width, [width * 64 - 5, 700, 0], mode, seed=len(mode))
+        plan = di.plan(
+            di.Caps(device="cuda", num_q_heads=heads, max_q_rows=rows,
+                    max_page_table_width=width, topk=512, mode=mode,
+                    output_index_space=space, supertile_tokens=supertile)
+        )  # fmt: skip
+        out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
+        sc = torch.empty(rows, 512, device="cuda")
+        scratch = torch.empty(plan.nbytes, dtype=torch.uint8, device="cuda")
+        b = di.bind(plan, scratch=scratch, output_indices=out, output_scores=sc, **inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        print(f"{mode} supertile={plan.supertile_tokens} slices={plan.topk_slices}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""The C4 indexer kernels on a GPU, through plan / bind / run, against ``reference``.
+
+Grid of spec §9: heads 16/32/48/64, topk 512/1024/2048, len 0, len < topk, a
+partial last page, several supertile chunks, unmapped (-1) pages, a padded
+page stride, page ids whose byte offset passes 2^31, a shared page table
+against the same table expanded, physical output, the two-stage top-k, exact
+ties and NaN, both MMA flavors, and CUDA-graph replay with rewritten
+metadata. Comparisons go through ``reference.assert_topk_equivalent``
+(tie-aware: index sets match except for near-ties at the boundary).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from b12x import _core
+from b12x.attention import dsa_indexer as di
+from b12x.attention.dsa_indexer import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+PAGE = 64
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32_reference():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def make_case(
+    rows,
+    heads,
+    width,
+    lengths,
+    *,
+    mode="decode",
+    page_stride=ref.PAGE_BYTES,
+    pid_offset=0,
+    spare_pages=0,
+    unmapped=(),
+    seed=0,
+):
+    """Operands on the GPU. Decode rows get distinct pages; prefill rows share
+    one table row as a stride-0 view. Page ids start at ``pid_offset``."""
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(seed)
+    table_rows = 1 if mode == "prefill" else rows
+    used = table_rows * width + spare_pages
+    pages = pid_offset + used
+    k = torch.randn(used, PAGE, 128, device=dev, generator=g)
+    k_fp8, scales = ref.quantize_index_k(k)
+    buf = torch.zeros((pages, page_stride), dtype=torch.uint8, device=dev)
+    buf[pid_offset:, :8192] = k_fp8.view(torch.uint8).reshape(used, 8192)
+    buf[pid_offset:, 8192 : ref.PAGE_BYTES] = scales.view(torch.uint8).reshape(used, 256)
+    perm = torch.randperm(used, device=dev, generator=g)[: table_rows * width] + pid_offset
+    table = perm.reshape(table_rows, width).int()
+    for r, c in unmapped:
+        table[r, c] = -1
+    if mode == "prefill":
+        table = table.expand(rows, width)
+    q = (torch.randn(rows, heads, 128, device=dev, generator=g) * 4).to(torch.float8_e4m3fn)
+    return {
+        "q_fp8": q,
+        "query_weights": torch.randn(rows, heads, device=dev, generator=g) * heads**-0.5,
+        "index_k_cache": buf[:, : ref.PAGE_BYTES],
+        "page_table": table,
+        "cache_lengths": torch.tensor(lengths, dtype=torch.int32, device=dev),
+        "active_width": torch.tensor([max([*lengths, 0])], dtype=torch.int32, device=dev),
+    }
+
+
+def plan_for(inputs, topk, *, mode="decode", space="logical", supertile=0):
+    rows, heads, _ = inputs["q_fp8"].shape
+    return di.plan(
+        di.Caps(
+            device=inputs["q_fp8"].device,
+            num_q_heads=heads,
+            max_q_rows=rows,
+            max_page_table_width=inputs["page_table"].shape[1],
+            topk=topk,
+            mode=mode,
+            output_index_space=space,
+            supertile_tokens=supertile,
+        )
+    )
+
+
+def bind_for(plan, inputs, *, scores=True):
+    rows = inputs["q_fp8"].shape[0]
+    # poison: values no run writes, so a skipped slot shows
+    out = torch.full((rows, plan.topk), 7777, dtype=torch.int32, device="cuda")
+    sc = torch.full((rows, plan.topk), float("nan"), device="cuda") if scores else None
+    scratch = torch.full((plan.nbytes,), 0xA5, dtype=torch.uint8, device="cuda")
+    b = di.bind(plan, scratch=scratch, output_indices=out, output_scores=sc, **inputs)
+    return b, out, sc
+
+
+def run_case(inputs, topk, **kw):
+    plan = plan_for(inputs, topk, **kw)
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    torch.cuda.synchronize()
+    return plan, out, sc
+
+
+def check(inputs, topk, out, sc, *, space="logical"):
+    logits = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    ref.assert_topk_equivalent(
+        out, sc, logits, cand, topk, page_table=inputs["page_table"], index_space=space
+    )
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("heads", [16, 32, 64])
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+def test_decode_grid(heads, topk):
+    width = 48  # 3072 K rows: 3 chunks of 1024
+    lengths = [0, topk // 2 + 3, width * PAGE - 37, 2000, 64, width * PAGE]
+    inputs = make_case(len(lengths), heads, width, lengths, seed=heads + topk)
+    plan, out, sc = run_case(inputs, topk, supertile=1024)
+    assert plan.max_chunks == 3
+    check(inputs, topk, out, sc)
+
+
+@pytest.mark.parametrize("heads", [16, 48, 64])
+def test_decode_default_plan(heads):
+    inputs = make_case(3, heads, 200, [5000, 777, 12000], seed=3)
+    _, out, sc = run_case(inputs, 512)
+    check(inputs, 512, out, sc)
+
+
+def test_unmapped_pages_are_not_candidates():
+    width = 40
+    unmapped = ((0, 3), (0, 17), (0, 39), (1, 0), (1, 5), (2, 2), (2, 10))
+    inputs = make_case(3, 64, width, [width * PAGE, 1500, 700], unmapped=unmapped, seed=5)
+    for topk in (512, 1024):
+        _, out, sc = run_case(inputs, topk, supertile=1024)
+        check(inputs, topk, out, sc)
+
+
+def test_padded_stride_and_page_ids_past_2_31_bytes():
+    stride = (1 << 20) + 16  # page ids >= 2048 start past byte 2^31
+    width = 24
+    inputs = make_case(2, 32, width, [width * PAGE, 1000], page_stride=stride, pid_offset=2048)
+    assert int(inputs["page_table"].min()) * stride > 2**31
+    _, out, sc = run_case(inputs, 512, supertile=512)
+    check(inputs, 512, out, sc)
+
+
+@pytest.mark.parametrize("heads", [32, 64])
+def test_shared_prefill_matches_expanded_table(heads):
+    rows, width = 96, 40
+    top = width * PAGE - 11
+    lengths = [top - rows + 1 + i for i in range(rows)]
+    lengths[5], lengths[6] = 0, 300
+    shared = make_case(rows, heads, width, lengths, mode="prefill", unmapped=((0, 7),), seed=11)
+    assert shared["page_table"].stride(0) == 0
+    _, out_p, sc_p = run_case(shared, 512, mode="prefill", supertile=1024)
+    check(shared, 512, out_p, sc_p)
+    expanded = {**shared, "page_table": shared["page_table"].contiguous()}
+    _, out_d, sc_d = run_case(expanded, 512, supertile=1024)
+    check(expanded, 512, out_d, sc_d)
+    same = sum(set(a) == set(b) for a, b in zip(out_p.tolist(), out_d.tolist(), strict=True))
+    assert same >= rows - 2  # both exact; near-ties may differ in a row or two
+
+
+def test_physical_output():
+    width = 32
+    inputs = make_case(3, 64, width, [width * PAGE, 900, 0], unmapped=((1, 4),), seed=13)
+    _, out, sc = run_case(inputs, 1024, supertile=1024, space="physical")
+    check(inputs, 1024, out, sc, space="physical")
+    pages = set(inputs["page_table"][0].tolist())
+    assert all(i // PAGE in pages for i in out[0].tolist())
+
+
+@pytest.mark.parametrize("supertile", [0, 16384])
+def test_two_stage_top_k(supertile):
+    width = 512  # 32768 K rows
+    lengths = [width * PAGE, 20000, 300, width * PAGE - 100]
+    inputs = make_case(4, 64, width, lengths, unmapped=((1, 9),), seed=17)
+    for topk in (512, 2048):
+        plan, out, sc = run_case(inputs, topk, supertile=supertile)
+        assert plan.topk_slices > 1
+        check(inputs, topk, out, sc)
+
+
+def test_exact_ties_pick_the_lowest_positions():
+    # every token is the same K row with the same scale: bit-identical logits
+    rows, width = 2, 40
+    inputs = make_case(rows, 64, width, [width * PAGE, 1500], seed=19)
+    cache = inputs["index_k_cache"]
+    cache[:, :8192] = cache[0, :128].repeat(64)
+    cache[:, 8192 : ref.PAGE_BYTES] = cache[0, 8192:8196].repeat(64)
+    for supertile in (1024, 0):
+        _, out, _ = run_case(inputs, 512, supertile=supertile)
+        for r in range(rows):
+            assert sorted(out[r].tolist()) == list(range(512))
+
+
+def test_negative_weights_and_nan_logits():
+    rows, width = 2, 24
+    inputs = make_case(rows, 16, width, [width * PAGE, 1000], seed=23)
+    inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0, ties at 0
+    pid = int(inputs["page_table"][0, 0])
+    nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
+    inputs["index_k_cache"][pid, 8192 : ref.PAGE_BYTES] = nan  # NaN logits on one page
+    _, out, sc = run_case(inputs, 512, supertile=512)
+    check(inputs, 512, out, sc)
+    assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
+
+
+@pytest.mark.parametrize("heads", [16, 48, 64])
+def test_both_mma_flavors(heads):
+    # e4m3 mma (native on sm_89 / sm_120, emulated by the driver on sm_90)
+    # and f16 mma, on decode and on shared-table prefill
+    rows, width = 70, 30
+    lengths = [width * PAGE - 3 - i for i in range(rows)]
+    lengths[0] = 0
+    decode = make_case(rows, heads, width, lengths, seed=heads + 1)
+    prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
+    try:
+        for flavor in (1, 2):
+            _core._indexer_force_mma_flavor(flavor)
+            _, out, sc = run_case(decode, 512, supertile=1024)
+            check(decode, 512, out, sc)
+            _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024)
+            check(prefill, 512, out, sc)
+    finally:
+        _core._indexer_force_mma_flavor(0)
+
+
+def test_run_without_scores():
+    inputs = make_case(2, 32, 16, [1000, 100], seed=27)
+    plan = plan_for(inputs, 512)
+    b, out, _ = bind_for(plan, inputs, scores=False)
+    di.run(b)
+    torch.cuda.synchronize()
+    check(inputs, 512, out, None)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_graph_replay_with_rewritten_metadata(mode):
+    rows, width, topk = 4, 64, 512
+    inputs = make_case(rows, 64, width, [2000, 4096, 0, 600], mode=mode, spare_pages=8, seed=29)
+    plan = plan_for(inputs, topk, mode=mode, supertile=1024)
+    b, out, sc = bind_for(plan, inputs)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        di.run(b)  # warm-up off the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        di.run(b)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(inputs, topk, out, sc)
+    # rewrite the table (onto the spare pages too), the lengths and active_width in place
+    g = torch.Generator(device="cuda").manual_seed(31)
+    table = inputs["page_table"]
+    base = table[:1] if mode == "prefill" else table
+    n = base.numel()
+    base.copy_(torch.randperm(n + 8, device="cuda", generator=g)[:n].reshape(base.shape).int())
+    inputs["cache_lengths"].copy_(torch.tensor([width * PAGE, 100, 3000, 0], dtype=torch.int32))
+    inputs["active_width"].fill_(width * PAGE)
+    out.fill_(-7)
+    sc.fill_(3.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    check(inputs, topk, out, sc)
+
+
+def test_is_supported_on_this_gpu():
+    major, minor = _core.device_info(0)["compute_capability"]
+    assert di.is_supported() is ((major, minor) >= (8, 9))
