@@ -94,6 +94,8 @@ class Inv:
         self.input_alignment = 16
         self.norm_weight = norm_weight
         self.epsilon = eps
+        self.channel_id = None
+        self.persistent_input = None
 
 
 def _agreed(torch, dist, check) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from b12x import _core
 from b12x.comm.pcie import allreduce as ar
-from b12x.errors import ConfigError
+from b12x.errors import ConfigError, UndeclaredPlanError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +25,8 @@ class Inv:
     input_alignment: int = 16
     norm_weight: Any = None
     epsilon: float | None = None
+    channel_id: str | None = None
+    persistent_input: Any = None
 
 
 # ------------------------------------------------------------- byte sizes
@@ -281,8 +283,10 @@ def test_undeclared_lookups_never_insert():
             index.lookup(torch.empty(rows, 4, dtype=torch.bfloat16), ar.PLAIN, None, None) is None
         )
     assert len(index) == 0
-    msg = index.miss_message(torch.empty(3, 4), ar.PLAIN)
-    assert "no declared plan for all_reduce on shape (3, 4)" in msg
+    assert not index.has_plan_for(torch.empty(3, 4))
+    assert not index.has_plan_for("not a tensor")
+    with pytest.raises(UndeclaredPlanError, match="no declared plan for all_reduce on shape"):
+        index.plan_for(torch.empty(3, 4))
 
 
 # ------------------------------------------------------------- collective setup (gloo, CPU)
@@ -329,3 +333,56 @@ def test_a_setup_failure_on_one_rank_disables_every_rank(tmp_path):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["enabled"] is False and r["has_plan"] is False, r
         assert "failed on rank(s)" in r["reason"] and "1" in r["reason"], r
+
+
+# ------------------------------------------------------------- declare -> lookup wiring
+class _FakeRuntime:
+    multiprocessors = 132
+
+
+def _bare_runtime(world: int = 2, limits: ar.Limits = TP2) -> ar.AllReduce:
+    """An AllReduce past a successful setup, without a group or a GPU."""
+    runtime = object.__new__(ar.AllReduce)
+    runtime.enabled, runtime.disabled_reason, runtime._closed = True, None, False
+    runtime.world_size, runtime.rank, runtime.limits = world, 0, limits
+    runtime.twoshot_push, runtime._rt, runtime.device = False, _FakeRuntime(), "cuda:0"
+    runtime._index, runtime._declared = ar._make_index([]), []
+    return runtime
+
+
+def test_declare_indexes_routed_plans_and_declines_the_rest():
+    weight = torch.ones(6144, dtype=torch.bfloat16)
+    runtime = _bare_runtime()
+    runtime.declare(
+        [
+            Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16),
+            Inv("big", ar.PLAIN, (16, 4096), torch.bfloat16),
+            Inv("fused", ar.FUSED, (4, 6144), torch.bfloat16, norm_weight=weight, epsilon=1e-6),
+        ]
+    )
+    assert [inv.name for inv, _ in runtime.declared_plans] == ["one", "fused"]
+    one = torch.empty(1, 6144, dtype=torch.bfloat16)
+    assert runtime.has_plan_for(one)
+    assert runtime.plan_for(one).route == "oneshot"
+    x = torch.empty(4, 6144, dtype=torch.bfloat16)
+    assert runtime.plan_for(x, ar.FUSED, weight, 1e-6).route == "oneshot_fused"
+    assert not runtime.has_plan_for(x)  # plain (4, 6144) declined: NCCL takes it
+    assert not runtime.has_plan_for(torch.empty(16, 4096, dtype=torch.bfloat16))
+    with pytest.raises(UndeclaredPlanError, match="no declared plan for"):
+        runtime.plan_for(x)
+    # a refresh replaces the declarations wholesale
+    runtime.declare([])
+    assert not runtime.has_plan_for(one)
+    assert "plans=0" in repr(runtime)
+
+
+def test_a_disabled_runtime_declines_everything():
+    runtime = _bare_runtime()
+    runtime.declare([Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16)])
+    runtime.enabled, runtime.disabled_reason = False, "setup step 'allocate' failed on rank(s) [1]"
+    one = torch.empty(1, 6144, dtype=torch.bfloat16)
+    assert not runtime.has_plan_for(one)
+    with pytest.raises(UndeclaredPlanError, match="disabled"):
+        runtime.all_reduce(one)
+    runtime.declare([Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16)])
+    assert runtime.declared_plans == []

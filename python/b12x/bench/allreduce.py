@@ -114,6 +114,7 @@ class _Inv:
         self.name, self.operation, self.shape, self.dtype = name, operation, tuple(shape), dtype
         self.strides, self.input_alignment = None, 16
         self.norm_weight, self.epsilon = weight, eps
+        self.channel_id = self.persistent_input = None
 
 
 def _graph_samples(torch, fn, calls: int, samples: int) -> list[float]:

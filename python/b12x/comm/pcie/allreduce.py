@@ -261,13 +261,16 @@ def prepare_declarations(
 class _PlanIndex:
     """Exact-key plan index (spec §4): first declaration wins, lookups never
     insert, declared weights are held so their identity cannot be recycled.
-    Interim stand-in for b12x.comm.pcie.DeclaredPlanIndex."""
 
-    def __init__(self, routed: list[tuple[Any, Any]]) -> None:
+    Interim stand-in with the method names of ``b12x._core.DeclaredPlanIndex``
+    (the index branch), used only while the extension lacks that class; see
+    :func:`_make_index`. Delete it once the index is on main."""
+
+    def __init__(self, pairs: Iterable[tuple[Any, Any]] = ()) -> None:
         self._plans: dict[tuple[Any, ...], Any] = {}
         self._weights = []
         self._declared = []
-        for inv, plan in routed:
+        for inv, plan in pairs:
             key = plan_key(
                 inv.operation,
                 tuple(inv.shape),
@@ -284,19 +287,41 @@ class _PlanIndex:
     def __len__(self) -> int:
         return len(self._plans)
 
-    def lookup(self, inp: Any, operation: str, weight: Any, epsilon: float | None) -> Any:
+    def lookup(
+        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
+    ) -> Any:
         shape = tuple(inp.shape)
         strides = inp.stride()
         address = tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True))
         norm = None if operation == PLAIN else (id(weight), epsilon)
         return self._plans.get((operation, shape, inp.dtype, address, norm))
 
-    def miss_message(self, inp: Any, operation: str) -> str:
-        return (
-            f"PCIe collective has no declared plan for {operation} on shape "
-            f"{tuple(inp.shape)} {inp.dtype} strides {tuple(inp.stride())}; declared: "
-            + ", ".join(self._declared)
-        )
+    def has_plan_for(
+        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
+    ) -> bool:
+        try:
+            return self.lookup(inp, operation, weight, epsilon) is not None
+        except Exception:
+            return False
+
+    def plan_for(
+        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
+    ) -> Any:
+        plan = self.lookup(inp, operation, weight, epsilon)
+        if plan is None:
+            raise UndeclaredPlanError(
+                f"PCIe collective has no declared plan for {operation} on shape "
+                f"{tuple(inp.shape)} {inp.dtype} strides {tuple(inp.stride())}; declared: "
+                + ", ".join(self._declared)
+            )
+        return plan
+
+
+def _make_index(pairs: list[tuple[Any, Any]]) -> Any:
+    """The declared-plan index over ``(invocation, plan)`` pairs: the native
+    ``b12x._core.DeclaredPlanIndex`` where the extension has it."""
+    native = getattr(_core, "DeclaredPlanIndex", None)
+    return _PlanIndex(pairs) if native is None else native(pairs)
 
 
 def _backend_device(group: Any, device: Any) -> Any:
@@ -374,7 +399,7 @@ class AllReduce:
         self._ordinal = self.device.index
         self._comm_device = _backend_device(self.group, self.device)
         self._rt: Any = None
-        self._index = _PlanIndex([])
+        self._index = _make_index([])
         self._declared: list[tuple[Any, Any]] = []
         self._closed = False
         self._setup()
@@ -533,7 +558,7 @@ class AllReduce:
         invocations = list(invocations)
         if not self.enabled:
             self._declared = []
-            self._index = _PlanIndex([])
+            self._index = _make_index([])
             return
         routed, declined = prepare_declarations(
             invocations,
@@ -545,7 +570,7 @@ class AllReduce:
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
         self._declared = routed
-        self._index = _PlanIndex(routed)
+        self._index = _make_index(routed)
 
     @property
     def declared_plans(self) -> list[tuple[Any, Any]]:
@@ -558,35 +583,32 @@ class AllReduce:
         """True when a declared plan serves this call; never raises."""
         if not self.enabled:
             return False
-        try:
-            plan = self._index.lookup(inp, operation, weight, epsilon)
-        except Exception:
-            return False
-        if plan is None:
-            log.debug(
-                "b12x PCIe all-reduce declines undeclared shape %s %s", tuple(inp.shape), inp.dtype
-            )
-            return False
-        return True
+        if self._index.has_plan_for(inp, operation, weight, epsilon):
+            return True
+        log.debug(
+            "b12x PCIe all-reduce declines undeclared shape %s %s",
+            tuple(getattr(inp, "shape", ())),
+            getattr(inp, "dtype", None),
+        )
+        return False
 
     def plan_for(
         self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
     ) -> Any:
         """The declared plan of this call; raises UndeclaredPlanError if none."""
-        plan = self._index.lookup(inp, operation, weight, epsilon) if self.enabled else None
-        if plan is not None:
-            return plan
         if not self.enabled:
             raise UndeclaredPlanError(
                 f"PCIe collective has no declared plan for {operation}: the runtime is "
                 f"disabled ({self.disabled_reason or 'closed'})"
             )
-        message = self._index.miss_message(inp, operation)
-        import torch
-
-        if torch.cuda.is_current_stream_capturing():
-            message = "cold (undeclared) plan cannot be captured in a CUDA graph: " + message
-        raise UndeclaredPlanError(message)
+        try:
+            return self._index.plan_for(inp, operation, weight, epsilon)
+        except UndeclaredPlanError as e:
+            if _capturing():
+                raise UndeclaredPlanError(
+                    f"cold (undeclared) plan cannot be captured in a CUDA graph: {e}"
+                ) from None
+            raise
 
     # ------------------------------------------------------------- live calls
     def all_reduce(self, inp: Any, out: Any = None) -> Any:
@@ -659,7 +681,7 @@ class AllReduce:
         self.enabled = False
         self.disabled_reason = self.disabled_reason or "closed"
         self._declared = []
-        self._index = _PlanIndex([])
+        self._index = _make_index([])
         if self._rt is None:
             return
         import torch
@@ -691,6 +713,16 @@ class AllReduce:
             f"AllReduce(rank={self.rank}, world={self.world_size}, device={self.device}, "
             f"{state}, plans={len(self._index)})"
         )
+
+
+def _capturing() -> bool:
+    """Whether torch's current stream is capturing a CUDA graph (False without CUDA)."""
+    import torch
+
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except Exception:
+        return False
 
 
 def _core_stream(ordinal: int) -> int:
