@@ -132,6 +132,49 @@ pub fn can_access_peer(from: u32, to: u32) -> Result<bool> {
     Ok(v != 0)
 }
 
+/// The PCI bus id of `ordinal` ("0000:19:00.0"): names a GPU across processes
+/// whose CUDA_VISIBLE_DEVICES differ.
+pub fn pci_bus_id(ordinal: u32) -> Result<String> {
+    let dev = cu_device(ordinal)?;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: writes at most buf.len() bytes, NUL-terminated.
+    unsafe { sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, dev) }
+        .result()
+        .ctx("cuDeviceGetPCIBusId", || format!("cuda:{ordinal}"))?;
+    // SAFETY: the driver NUL-terminated the buffer.
+    let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(id.to_string_lossy().into_owned())
+}
+
+/// Whether `ordinal` and the GPU at `peer_bus_id` support native atomics over
+/// P2P in both directions (true over NVLink, false over PCIe); None when the
+/// peer is not visible to this process.
+pub fn p2p_native_atomics(ordinal: u32, peer_bus_id: &str) -> Result<Option<bool>> {
+    let dev = cu_device(ordinal)?;
+    let Ok(id) = CString::new(peer_bus_id) else {
+        return Ok(None);
+    };
+    let mut peer: sys::CUdevice = 0;
+    // SAFETY: id is NUL-terminated; writes one device handle.
+    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer, id.as_ptr()) }.result().is_err() {
+        return Ok(None);
+    }
+    if peer == dev {
+        return Ok(Some(true));
+    }
+    let attr = sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED;
+    let mut both = true;
+    for (a, b) in [(dev, peer), (peer, dev)] {
+        let mut v: c_int = 0;
+        // SAFETY: writes one int for two valid device handles.
+        unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, a, b) }
+            .result()
+            .ctx("cuDeviceGetP2PAttribute", || format!("cuda:{ordinal}<->{peer_bus_id}"))?;
+        both &= v != 0;
+    }
+    Ok(Some(both))
+}
+
 /// Runs `f` with `ctx` current on this thread and restores what was current,
 /// so torch's notion of the current device is left as it was.
 pub(crate) fn with_context<T>(ctx: sys::CUcontext, f: impl FnOnce() -> Result<T>) -> Result<T> {

@@ -5,20 +5,23 @@
 //! * [`device`]: per-device module loading in the primary context (the one
 //!   torch uses). Modules load when a plan is made, never in a hot call.
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
+//! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
 //!
 //! cudarc is used with dynamic loading: nothing here needs libcuda until a
 //! function is called, and [`driver_present`] answers without panicking.
 
+pub mod allreduce;
 pub mod device;
 pub mod error;
 pub mod indexer;
+pub mod ipc;
 pub mod launch;
 pub mod ptx;
 pub mod topk_pad;
 
 pub use device::{
     can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,
-    loaded, DeviceInfo, DeviceModules,
+    loaded, p2p_native_atomics, pci_bus_id, DeviceInfo, DeviceModules,
 };
 pub use error::{CudaError, Result};
 pub use ptx::{Kernel, PtxModule, MODULES, PTX_ISA, PTX_TARGET};

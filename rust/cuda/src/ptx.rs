@@ -40,6 +40,22 @@ macro_rules! modules {
 
 modules! {
     topk_pad => [FillTopkPadding = "b12x_fill_topk_padding"],
+    allreduce => [
+        ArOneShotF16 = "b12x_allreduce_oneshot_f16",
+        ArOneShotBF16 = "b12x_allreduce_oneshot_bf16",
+        ArOneShotF32 = "b12x_allreduce_oneshot_f32",
+        ArFusedF16P1 = "b12x_allreduce_fused_f16_p1",
+        ArFusedF16P2 = "b12x_allreduce_fused_f16_p2",
+        ArFusedF16P4 = "b12x_allreduce_fused_f16_p4",
+        ArFusedBF16P1 = "b12x_allreduce_fused_bf16_p1",
+        ArFusedBF16P2 = "b12x_allreduce_fused_bf16_p2",
+        ArFusedBF16P4 = "b12x_allreduce_fused_bf16_p4",
+        ArFusedF32P1 = "b12x_allreduce_fused_f32_p1",
+        ArFusedF32P2 = "b12x_allreduce_fused_f32_p2",
+        ArFusedF32P4 = "b12x_allreduce_fused_f32_p4",
+        ArTwoShotBF16 = "b12x_allreduce_twoshot_bf16",
+        ArTwoShotPushBF16 = "b12x_allreduce_twoshot_push_bf16",
+    ],
     indexer_decode => [
         IndexerDecodeE4m3H16 = "b12x_indexer_decode_e4m3_h16",
         IndexerDecodeE4m3H32 = "b12x_indexer_decode_e4m3_h32",

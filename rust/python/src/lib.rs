@@ -1,6 +1,7 @@
 //! `b12x._core`: the pyo3 extension. Conversions and exception mapping only;
 //! the logic lives in b12x-core and b12x-cuda.
 
+mod allreduce;
 mod error;
 mod indexer;
 mod runtime;
@@ -14,6 +15,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
+    allreduce::register(m)?;
     indexer::register(m)?;
     tensor::register(m)?;
     Ok(())
