@@ -4,6 +4,7 @@
 //! any machine. The CUDA crate launches what this crate plans; the Python
 //! crate converts Python objects into the plain values this crate checks.
 
+pub mod collective;
 pub mod error;
 pub mod tensor;
 pub mod validate;
