@@ -15,6 +15,7 @@ from b12x.bench.common import BenchResult, write_report
 # name -> module under b12x.bench (imported on use: benches may need a GPU)
 BENCHES = {
     "extract": "extract",
+    "lookup": "lookup",
 }
 
 

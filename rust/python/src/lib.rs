@@ -1,6 +1,7 @@
 //! `b12x._core`: the pyo3 extension. Conversions and exception mapping only;
 //! the logic lives in b12x-core and b12x-cuda.
 
+mod collective;
 mod error;
 mod runtime;
 mod tensor;
@@ -12,5 +13,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
     tensor::register(m)?;
+    collective::register(m)?;
     Ok(())
 }

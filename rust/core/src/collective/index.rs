@@ -5,6 +5,7 @@
 //! a reader sees the old declarations or the new ones, never a mix. Lookups
 //! never insert: the index holds exactly the declared keys.
 
+use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
@@ -13,7 +14,6 @@ use hashbrown::HashTable;
 
 use super::key::{Norm, PlanKey};
 use super::{fmt_tuple, Operation};
-use crate::tensor::DType;
 
 /// How many declarations an undeclared-plan message lists before it only counts.
 pub const DECLARED_LISTED: usize = 16;
@@ -90,7 +90,7 @@ impl<P> Snapshot<P> {
         &self,
         op: &str,
         operation: Operation,
-        dtype: DType,
+        dtype: &dyn fmt::Display,
         shape: &[i64],
         strides: &[i64],
         norm: Option<Norm>,
@@ -193,6 +193,7 @@ impl<P> DeclaredPlanIndex<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::DType;
 
     fn key(rows: i64) -> PlanKey {
         PlanKey::new(Operation::AllReduce, DType::BF16, &[rows, 16], &[16, 1], None).unwrap()
@@ -259,7 +260,7 @@ mod tests {
         let m = index.load().undeclared_message(
             "plan_for",
             Operation::AllReduce,
-            DType::BF16,
+            &DType::BF16,
             &[41, 16],
             &[16, 1],
             None,
@@ -276,7 +277,7 @@ mod tests {
         let m = empty.undeclared_message(
             "plan_for",
             Operation::AllReduceFusedAddRmsNorm,
-            DType::F16,
+            &DType::F16,
             &[4],
             &[1],
             Some(Norm::new(0xabc, 1e-5)),

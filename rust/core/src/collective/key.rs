@@ -180,7 +180,7 @@ impl Hash for PlanKey {
 impl PlanKey {
     /// The key of a tensor (or declaration) with these properties. `norm` is
     /// dropped for the plain operation, as the reference does.
-    #[inline]
+    #[inline(always)]
     pub fn new(
         operation: Operation,
         dtype: DType,
@@ -214,6 +214,13 @@ impl PlanKey {
         } else {
             Ok(key)
         }
+    }
+
+    /// The same key with `norm` (kept only for the fused operation).
+    #[inline]
+    pub fn with_norm(mut self, norm: Option<Norm>) -> PlanKey {
+        self.norm = if self.operation.is_fused() { norm } else { None };
+        self
     }
 
     pub fn operation(&self) -> Operation {
@@ -306,6 +313,10 @@ mod tests {
             PlanKey::new(Operation::AllReduce, DType::F16, &[3], &[1], Some(Norm::new(7, 1e-6)))
                 .unwrap();
         assert_eq!(with.norm(), None);
+        assert_eq!(with.with_norm(Some(Norm::new(7, 1e-6))).norm(), None);
+        let fused = PlanKey::new(Operation::AllReduceFusedAddRmsNorm, DType::F16, &[3], &[1], None)
+            .unwrap();
+        assert_eq!(fused.with_norm(Some(Norm::new(7, 1e-6))).norm(), Some(Norm::new(7, 1e-6)));
     }
 
     #[test]
