@@ -68,9 +68,7 @@ class ScanCommunicator:
                 return self._plans[name]
         from b12x.bench.lookup_baselines import ScanError
 
-        declared = ", ".join(
-            f"{inv.operation}{inv.shape}" for inv in self._invocations.values()
-        )
+        declared = ", ".join(f"{inv.operation}{inv.shape}" for inv in self._invocations.values())
         raise ScanError(
             f"PCIe collective has no declared plan for {operation} on shape "
             f"{tuple(inp.shape)} {inp.dtype} strides {strides}; declared: {declared}"
