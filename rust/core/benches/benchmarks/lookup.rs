@@ -53,6 +53,31 @@ fn bench_parts(c: &mut Criterion) {
     let strides = [16i64, 1];
     let key = PlanKey::new(Operation::AllReduce, DType::BF16, &shape, &strides, None).unwrap();
     group.bench_function("hash_only", |b| b.iter(|| black_box(&key).hash64()));
+    group.bench_function("key_and_hash", |b| {
+        b.iter(|| {
+            PlanKey::new(
+                Operation::AllReduce,
+                DType::BF16,
+                black_box(&shape),
+                black_box(&strides),
+                None,
+            )
+            .map(|k| k.hash64())
+        })
+    });
+    group.bench_function("contains", |b| {
+        b.iter(|| {
+            let key = PlanKey::new(
+                Operation::AllReduce,
+                DType::BF16,
+                black_box(&shape),
+                black_box(&strides),
+                None,
+            )
+            .ok()?;
+            Some(black_box(&index).contains(&key))
+        })
+    });
     group.bench_function("load_only", |b| b.iter(|| black_box(&index).load().len()));
     group.bench_function("probe_loaded", |b| {
         let snap = index.load();
