@@ -115,9 +115,16 @@ impl PyDeclaredPlanIndex {
         self.index.len()
     }
 
-    /// The plan declared for this tensor, or None. Raises TypeError for a
-    /// non-tensor, a zero-size tensor, negative strides, a weight that is not
-    /// a tensor or an epsilon that is not a number.
+    /// The plan declared for this tensor, or None.
+    ///
+    /// ``operation`` None means ``"all_reduce"``; ``weight`` and ``epsilon``
+    /// count only for the fused operation (a fused call without them finds
+    /// nothing). Raises a TypeError for a non-tensor (NotATensorError), a
+    /// zero-size tensor or negative strides (UnsupportedTensorError), a
+    /// weight that is not a tensor, an epsilon that is not a real number or an
+    /// operation that is not a string; a ValueError (ConfigError) for an
+    /// unknown operation name. Tensors of more than 8 dimensions or of a dtype
+    /// b12x cannot name are plain misses.
     #[pyo3(signature = (tensor, operation=None, weight=None, epsilon=None))]
     fn lookup(
         &self,
@@ -130,7 +137,9 @@ impl PyDeclaredPlanIndex {
         self.find(tensor.py(), LOOKUP, &args)
     }
 
-    /// Whether a plan is declared for this tensor. Never raises, never inserts.
+    /// Whether a plan is declared for this tensor: ``lookup(...) is not
+    /// None``, except that it never raises (bad input is False) and builds no
+    /// exception on a miss. Never inserts.
     #[pyo3(signature = (tensor, operation=None, weight=None, epsilon=None))]
     fn has_plan_for(
         &self,
@@ -143,8 +152,10 @@ impl PyDeclaredPlanIndex {
         probe::with(&args, |key| self.index.contains(key)).unwrap_or(false)
     }
 
-    /// The plan declared for this tensor; raises UndeclaredPlanError naming
-    /// the call and (at most 16 of) the declarations when there is none.
+    /// The plan declared for this tensor; raises UndeclaredPlanError (a
+    /// RuntimeError) naming the operation, shape, dtype and strides of the
+    /// call, at most 16 declarations and their count when there is none. Bad
+    /// input raises as in ``lookup``.
     #[pyo3(signature = (tensor, operation=None, weight=None, epsilon=None))]
     fn plan_for(
         &self,

@@ -159,7 +159,7 @@ pub(crate) fn with<R>(args: &Args<'_, '_>, f: impl FnOnce(&PlanKey) -> R) -> Res
     }
 }
 
-/// The operation of a call that got past `key` (so it parsed).
+/// The operation of a call that got past `with` (so it parsed).
 pub(crate) fn operation_of(args: &Args<'_, '_>) -> Operation {
     operation(args.operation).unwrap_or(Operation::AllReduce)
 }
