@@ -81,6 +81,12 @@ def test_shape_dtype_strides_and_first_match():
     assert index.lookup(contiguous.t()) is None  # shape (4, 2)
 
 
+def test_a_scalar_declaration_matches_a_zero_dim_tensor():
+    index = index_of(inv("scalar", shape=(), dtype=torch.float32))
+    assert index.lookup(torch.tensor(1.0)) == "scalar"
+    assert index.lookup(torch.tensor([1.0])) is None
+
+
 def test_lookup_returns_the_declared_plan_object_itself():
     plan = object()
     index = DeclaredPlanIndex([(inv("p"), plan)])
