@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from b12x import _core
+from b12x._core import DeclaredPlanIndex
 from b12x.comm.pcie import allreduce as ar
 from b12x.errors import ConfigError, UndeclaredPlanError
 
@@ -228,7 +229,7 @@ def test_plans_carry_route_kernel_and_resident_geometry():
 
 # ------------------------------------------------------------- lookup keys
 def _index(routed):
-    return ar._PlanIndex(routed)
+    return DeclaredPlanIndex(routed)
 
 
 def test_fused_key_is_weight_identity_and_epsilon():
@@ -346,7 +347,7 @@ def _bare_runtime(world: int = 2, limits: ar.Limits = TP2) -> ar.AllReduce:
     runtime.enabled, runtime.disabled_reason, runtime._closed = True, None, False
     runtime.world_size, runtime.rank, runtime.limits = world, 0, limits
     runtime.twoshot_push, runtime._rt, runtime.device = False, _FakeRuntime(), "cuda:0"
-    runtime._index, runtime._declared = ar._make_index([]), []
+    runtime._index, runtime._declared = DeclaredPlanIndex([]), []
     return runtime
 
 

@@ -24,6 +24,7 @@ from b12x.errors import (
     NotATensorError,
     ShapeError,
     UndeclaredPlanError,
+    UnsupportedTensorError,
 )
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "NotATensorError",
     "ShapeError",
     "UndeclaredPlanError",
+    "UnsupportedTensorError",
     "__version__",
     "build_info",
     "errors",

@@ -1,6 +1,6 @@
-"""Type stubs for the b12x._core extension (kept in step by tests/test_stubs.py)."""
+"""Type stubs for the b12x._core extension (kept in step by tests/test_core_stubs.py)."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __version__: str
@@ -294,3 +294,38 @@ def indexer_bind(
 ) -> IndexerBinding: ...
 def indexer_run(binding: IndexerBinding, /) -> Any: ...
 def _indexer_force_mma_flavor(flavor: int, /) -> None: ...
+
+# --- collective: declared-plan index (b12x.comm.pcie) ---
+class DeclaredPlanIndex:
+    """Declared collective plans, found by exact key in constant time."""
+
+    def __init__(self, pairs: Iterable[tuple[Any, Any]] | None = None) -> None: ...
+    def rebuild(self, pairs: Iterable[tuple[Any, Any]]) -> None: ...
+    def clear(self) -> None: ...
+    def __len__(self) -> int: ...
+    def lookup(
+        self,
+        tensor: Any,
+        operation: str | None = None,
+        weight: Any | None = None,
+        epsilon: float | None = None,
+    ) -> Any | None: ...
+    def has_plan_for(
+        self,
+        tensor: Any,
+        operation: str | None = None,
+        weight: Any | None = None,
+        epsilon: float | None = None,
+    ) -> bool: ...
+    def plan_for(
+        self,
+        tensor: Any,
+        operation: str | None = None,
+        weight: Any | None = None,
+        epsilon: float | None = None,
+    ) -> Any: ...
+    def declared(self) -> list[tuple[Any, Any]]: ...
+
+def invocation_key(
+    invocation: Any,
+) -> tuple[str, tuple[int, ...], str, tuple[int, ...], tuple[int, float] | None]: ...

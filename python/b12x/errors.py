@@ -27,6 +27,7 @@ __all__ = [
     "NotATensorError",
     "ShapeError",
     "UndeclaredPlanError",
+    "UnsupportedTensorError",
 ]
 
 
@@ -40,6 +41,10 @@ class DTypeError(B12xError, TypeError):
 
 class NotATensorError(B12xError, TypeError):
     """An operand is not a tensor (neither torch.Tensor nor a ``__dlpack__`` producer)."""
+
+
+class UnsupportedTensorError(B12xError, TypeError):
+    """A tensor that cannot be this operand at all (zero-size, negative strides)."""
 
 
 class DeviceError(B12xError, ValueError):

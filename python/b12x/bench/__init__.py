@@ -18,6 +18,7 @@ BENCHES = {
     "allreduce": "allreduce",
     "plan": "plan",
     "indexer": "indexer",
+    "lookup": "lookup",
 }
 
 

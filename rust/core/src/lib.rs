@@ -5,6 +5,7 @@
 //! crate converts Python objects into the plain values this crate checks.
 
 pub mod allreduce;
+pub mod collective;
 pub mod error;
 pub mod indexer;
 pub mod tensor;

@@ -2,6 +2,7 @@
 //! the logic lives in b12x-core and b12x-cuda.
 
 mod allreduce;
+mod collective;
 mod error;
 mod indexer;
 mod runtime;
@@ -18,5 +19,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     allreduce::register(m)?;
     indexer::register(m)?;
     tensor::register(m)?;
+    collective::register(m)?;
     Ok(())
 }

@@ -23,9 +23,24 @@ use pyo3::types::{PyDict, PyTuple, PyType};
 use crate::error::{PyB12xErr, PyB12xResult};
 use crate::torch_abi;
 
-struct TorchCache {
-    tensor_type: Py<PyType>,
+pub(crate) struct TorchCache {
+    pub(crate) tensor_type: Py<PyType>,
     dtypes: Vec<(Py<PyAny>, DType)>,
+}
+
+impl TorchCache {
+    /// The b12x dtype of a torch dtype object, by identity (no attribute
+    /// reads, no string compare); `None` for anything else.
+    pub(crate) fn dtype(&self, obj: &Bound<'_, PyAny>) -> Option<DType> {
+        let py = obj.py();
+        self.dtypes.iter().find(|(d, _)| d.bind(py).is(obj)).map(|(_, d)| *d)
+    }
+
+    /// True when `obj` is a torch.Tensor (or subclass).
+    pub(crate) fn is_tensor(&self, obj: &Bound<'_, PyAny>) -> bool {
+        let ty = self.tensor_type.bind(obj.py());
+        obj.get_type().is(ty) || obj.is_instance(ty).unwrap_or(false)
+    }
 }
 
 static TORCH: PyOnceLock<TorchCache> = PyOnceLock::new();
@@ -33,7 +48,7 @@ static TORCH: PyOnceLock<TorchCache> = PyOnceLock::new();
 /// The torch objects extraction compares against, once torch is imported.
 /// Nothing is cached before that (a tensor can only be a torch tensor after
 /// torch has been imported), so importing torch later still works.
-fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
+pub(crate) fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
     TORCH
         .get_or_try_init(py, || -> PyResult<TorchCache> {
             let modules = py.import(intern!(py, "sys"))?.getattr(intern!(py, "modules"))?;
@@ -148,11 +163,7 @@ fn extract_torch(
     let py = obj.py();
     let torch = torch_cache(py).expect("checked by is_torch_tensor");
     let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
-    let dtype = torch
-        .dtypes
-        .iter()
-        .find(|(d, _)| d.bind(py).is(&dtype_obj))
-        .map_or(DType::Other { code: 255, bits: 0 }, |(_, d)| *d);
+    let dtype = torch.dtype(&dtype_obj).unwrap_or(DType::Other { code: 255, bits: 0 });
     // Two C-level property reads; `tensor.device` would build a torch.device.
     let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
         Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract::<u32>()?)

@@ -59,6 +59,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from b12x import _core
+from b12x._core import DeclaredPlanIndex, invocation_key
 from b12x.errors import UndeclaredPlanError
 
 __all__ = [
@@ -73,7 +74,6 @@ __all__ = [
     "AllReduce",
     "Limits",
     "parse_byte_size",
-    "plan_key",
     "prepare_declarations",
     "route",
 ]
@@ -196,31 +196,6 @@ def route(
     return route_with_reason(operation, shape, dtype, strides, world, limits)[0]
 
 
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= d
-    return tuple(reversed(strides))
-
-
-def plan_key(
-    operation: str,
-    shape: tuple[int, ...],
-    dtype: Any,
-    strides: tuple[int, ...] | None,
-    weight: Any = None,
-    epsilon: float | None = None,
-) -> tuple[Any, ...]:
-    """The exact lookup key (spec §4.1): size-1 dims get stride 0; the norm is
-    the weight's identity and epsilon."""
-    shape = tuple(shape)
-    strides = _contiguous(shape) if strides is None else tuple(strides)
-    address = tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True))
-    norm = None if operation == PLAIN else (id(weight), epsilon)
-    return (operation, shape, dtype, address, norm)
-
-
 def prepare_declarations(
     invocations: Iterable[Any],
     world: int,
@@ -247,7 +222,8 @@ def prepare_declarations(
         if name is None:
             declined.append((inv, why))
             continue
-        key = (name, *plan_key(PLAIN, shape, inv.dtype, strides)[1:4])
+        # equal declarations (route, shape, dtype, address strides) share one plan
+        key = (name, *invocation_key(inv)[1:4])
         plan = plans.get(key)
         if plan is None:
             plan = _core.AllReducePlan(
@@ -256,72 +232,6 @@ def prepare_declarations(
             plans[key] = plan
         routed.append((inv, plan))
     return routed, declined
-
-
-class _PlanIndex:
-    """Exact-key plan index (spec §4): first declaration wins, lookups never
-    insert, declared weights are held so their identity cannot be recycled.
-
-    Interim stand-in with the method names of ``b12x._core.DeclaredPlanIndex``
-    (the index branch), used only while the extension lacks that class; see
-    :func:`_make_index`. Delete it once the index is on main."""
-
-    def __init__(self, pairs: Iterable[tuple[Any, Any]] = ()) -> None:
-        self._plans: dict[tuple[Any, ...], Any] = {}
-        self._weights = []
-        self._declared = []
-        for inv, plan in pairs:
-            key = plan_key(
-                inv.operation,
-                tuple(inv.shape),
-                inv.dtype,
-                inv.strides,
-                inv.norm_weight,
-                inv.epsilon,
-            )
-            self._plans.setdefault(key, plan)
-            if inv.norm_weight is not None:
-                self._weights.append(inv.norm_weight)
-            self._declared.append(f"{inv.operation}{tuple(inv.shape)}")
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-    def lookup(
-        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
-    ) -> Any:
-        shape = tuple(inp.shape)
-        strides = inp.stride()
-        address = tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True))
-        norm = None if operation == PLAIN else (id(weight), epsilon)
-        return self._plans.get((operation, shape, inp.dtype, address, norm))
-
-    def has_plan_for(
-        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
-    ) -> bool:
-        try:
-            return self.lookup(inp, operation, weight, epsilon) is not None
-        except Exception:
-            return False
-
-    def plan_for(
-        self, inp: Any, operation: str = PLAIN, weight: Any = None, epsilon: float | None = None
-    ) -> Any:
-        plan = self.lookup(inp, operation, weight, epsilon)
-        if plan is None:
-            raise UndeclaredPlanError(
-                f"PCIe collective has no declared plan for {operation} on shape "
-                f"{tuple(inp.shape)} {inp.dtype} strides {tuple(inp.stride())}; declared: "
-                + ", ".join(self._declared)
-            )
-        return plan
-
-
-def _make_index(pairs: list[tuple[Any, Any]]) -> Any:
-    """The declared-plan index over ``(invocation, plan)`` pairs: the native
-    ``b12x._core.DeclaredPlanIndex`` where the extension has it."""
-    native = getattr(_core, "DeclaredPlanIndex", None)
-    return _PlanIndex(pairs) if native is None else native(pairs)
 
 
 def _backend_device(group: Any, device: Any) -> Any:
@@ -399,7 +309,7 @@ class AllReduce:
         self._ordinal = self.device.index
         self._comm_device = _backend_device(self.group, self.device)
         self._rt: Any = None
-        self._index = _make_index([])
+        self._index = DeclaredPlanIndex([])
         self._declared: list[tuple[Any, Any]] = []
         self._closed = False
         self._setup()
@@ -558,7 +468,7 @@ class AllReduce:
         invocations = list(invocations)
         if not self.enabled:
             self._declared = []
-            self._index = _make_index([])
+            self._index = DeclaredPlanIndex([])
             return
         routed, declined = prepare_declarations(
             invocations,
@@ -570,7 +480,7 @@ class AllReduce:
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
         self._declared = routed
-        self._index = _make_index(routed)
+        self._index = DeclaredPlanIndex(routed)
 
     @property
     def declared_plans(self) -> list[tuple[Any, Any]]:
@@ -681,7 +591,7 @@ class AllReduce:
         self.enabled = False
         self.disabled_reason = self.disabled_reason or "closed"
         self._declared = []
-        self._index = _make_index([])
+        self._index = DeclaredPlanIndex([])
         if self._rt is None:
             return
         import torch

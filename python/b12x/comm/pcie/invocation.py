@@ -1,0 +1,82 @@
+"""The declared invocation record of a PCIe collective."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal
+
+from b12x import _core
+
+if TYPE_CHECKING:
+    import torch
+
+ALL_REDUCE = "all_reduce"
+ALL_REDUCE_FUSED_ADD_RMS_NORM = "all_reduce_fused_add_rms_norm"
+Operation = Literal["all_reduce", "all_reduce_fused_add_rms_norm"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Invocation:
+    """One collective call a model declares before serving.
+
+    Parameters
+    ----------
+    name
+        Unique, nonempty name of the declaration (e.g. ``"layers.3.moe.m16"``).
+    operation
+        ``"all_reduce"`` or ``"all_reduce_fused_add_rms_norm"`` (all-reduce,
+        residual add and RMSNorm).
+    shape
+        Extents, each an ``int`` > 0 (a list is stored as a tuple).
+    dtype
+        ``torch.float16``, ``torch.bfloat16`` or ``torch.float32``.
+    strides
+        Element strides, one ``int`` > 0 per dimension; ``None`` means row-major
+        contiguous.
+    input_alignment
+        Byte alignment the input is promised to have: a power of two >= 16.
+    norm_weight
+        The RMSNorm weight tensor: required for the fused operation, forbidden
+        for the plain one. Declarations match by the weight's identity, never
+        its values.
+    epsilon
+        RMSNorm epsilon, >= 0: required for the fused operation, forbidden for
+        the plain one.
+    channel_id
+        The one-shot channel (``None``: the single channel).
+    persistent_input
+        A producer-owned input buffer (registered one-shot routes only).
+
+    Raises
+    ------
+    b12x.ConfigError
+        (a ValueError) when a field breaks a rule; the message names the field,
+        what it must be and what it is. The rules live in b12x-core
+        (``collective::Declaration``) and are checked in the reference's order.
+    b12x.NotATensorError
+        (a TypeError) when the fused operation's ``norm_weight`` is not a tensor.
+
+    Notes
+    -----
+    Compared by identity (``eq=False``): a record carries tensors, whose
+    ``==`` is elementwise. :func:`b12x.comm.pcie.plan_key` gives the value
+    the index compares.
+    """
+
+    name: str
+    operation: Operation
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    strides: tuple[int, ...] | None = None
+    input_alignment: int = 16
+    norm_weight: torch.Tensor | None = None
+    epsilon: float | None = None
+    channel_id: str | None = None
+    persistent_input: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("shape", "strides"):
+            value: Any = getattr(self, field)
+            if isinstance(value, list):
+                object.__setattr__(self, field, tuple(value))
+        _core.invocation_key(self)
