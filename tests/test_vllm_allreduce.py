@@ -1,11 +1,10 @@
 """The PCIe all-reduce adapter: the seed's qualifying tests (spec §10 items 1-7).
 
-Items 1-6 go through the adapter's declared-plan index (``b12x.comm.pcie``'s
-``DeclaredPlanIndex`` when it imports, the spec's dict index otherwise).
-Item 7: dispatch, admission, capture and describers against a recording
-runtime double; routing and limits through the runtime's own ``route`` and
-``Limits`` (skipped until branch `collectives` is in; its own tests cover the
-routing table and the byte parser).
+Items 1-6 go through the adapter's ``DeclaredPlanIndex``. Item 7: dispatch,
+admission, capture and describers against a recording runtime double (the
+real runtime needs GPUs); routing and limits through the runtime's own
+``route`` and ``Limits`` (its own tests cover the routing table and the byte
+parser).
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ import logging
 import b12x
 import pytest
 import torch
-import vllm_fakes as fakes
+from b12x.comm import pcie as pcie_module
+from b12x.comm.pcie import allreduce as runtime_module
 from b12x.integration.vllm import PcieAllReduce, add_rms_norm_
 from b12x.integration.vllm import allreduce as allreduce_mod
 from b12x.integration.vllm.allreduce import FUSED, PLAIN
@@ -25,17 +25,9 @@ from vllm_fakes import FakeRuntime
 CPU = torch.device("cpu")
 
 
-RUNTIME_MODULE = fakes.runtime_module_or_none()
-needs_runtime_module = pytest.mark.skipif(
-    RUNTIME_MODULE is None, reason="needs b12x.comm.pcie.allreduce (branch collectives)"
-)
-
-
-@pytest.fixture(autouse=True)
-def pcie(monkeypatch):
-    module = fakes.pcie_or_standin()
-    monkeypatch.setattr(allreduce_mod, "_pcie", lambda: module)
-    return module
+@pytest.fixture
+def pcie():
+    return pcie_module
 
 
 def inv(pcie, name, shape, dtype=torch.bfloat16, strides=None, weight=None, epsilon=None):
@@ -334,9 +326,8 @@ def test_a_runtime_that_disabled_itself_disables_the_adapter(pcie, caplog):
 # --- routing and limits through the runtime's own rules -----------------------------------
 
 
-@needs_runtime_module
 def test_without_a_runtime_declarations_route_with_the_runtime_rules(pcie):
-    limits = RUNTIME_MODULE.Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
+    limits = runtime_module.Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
     comm = PcieAllReduce(device=CPU, world_size=2, limits=limits)
     weight = torch.ones(4, dtype=torch.float32)
     comm.declare(
@@ -352,16 +343,14 @@ def test_without_a_runtime_declarations_route_with_the_runtime_rules(pcie):
     assert comm.disabled and not comm.should_custom_ar(torch.ones((1, 4)))  # nothing runs
 
 
-@needs_runtime_module
 @pytest.mark.parametrize(("rows", "route"), [(12, None), (16, "twoshot")])
 def test_twoshot_rows_must_split_over_the_world(pcie, rows, route):
-    limits = RUNTIME_MODULE.Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
+    limits = runtime_module.Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
     comm = PcieAllReduce(device=CPU, world_size=4, limits=limits)
     comm.declare([inv(pcie, "m", (rows, 5120))])
     assert comm._routes.get("m") == route
 
 
-@needs_runtime_module
 def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatch):
     built = []
 
@@ -381,7 +370,7 @@ def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatc
     }
     comm = PcieAllReduce(Group(), CPU, env=env)
     assert not comm.disabled and comm.world_size == 4
-    assert built == [RUNTIME_MODULE.Limits.from_env(env)]
+    assert built == [runtime_module.Limits.from_env(env)]
     assert built[0].oneshot_max == 16 << 10 and built[0].twoshot_max == 0
     with pytest.raises(ValueError, match="suffix"):
         PcieAllReduce(device=CPU, env={"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "84 KX"})

@@ -1,15 +1,16 @@
-"""The C4 sparse indexer adapter, without vLLM and without a GPU.
-
-Runs against ``b12x.attention.dsa_indexer`` when it imports, and against the
-stand-in in ``vllm_fakes`` otherwise (the adapter's plumbing is the same).
-"""
+"""The C4 sparse indexer adapter, without vLLM and without a GPU: the library
+module is the real ``b12x.attention.dsa_indexer`` (CPU reference run), wrapped
+to count plan/bind/run calls."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import b12x
 import pytest
 import torch
 import vllm_fakes as fakes
+from b12x.attention import dsa_indexer
 from b12x.integration.vllm import C4SparseIndexer, DeepseekV4B12xSparseIndexer
 from b12x.integration.vllm import indexer as indexer_mod
 from vllm_fakes import (
@@ -28,13 +29,9 @@ HEADS = 16
 CAPS_FIELDS = {"device", "num_q_heads", "max_q_rows", "max_page_table_width", "topk", "mode"}
 
 
-@pytest.fixture(params=["standin", "dsa_indexer"])
-def module(request, monkeypatch):
-    if request.param == "standin":
-        inner = fakes.StandinIndexer()
-    else:
-        inner = pytest.importorskip("b12x.attention.dsa_indexer")
-    counting = CountingIndexer(inner)
+@pytest.fixture
+def module(monkeypatch):
+    counting = CountingIndexer(dsa_indexer)
     monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: counting)
     return counting
 
@@ -312,9 +309,8 @@ def test_missing_library_module_is_a_clear_error(monkeypatch):
 
 
 def test_wrong_page_size_is_refused(monkeypatch):
-    standin = fakes.StandinIndexer()
-    standin.PAGED_INDEX_PAGE_SIZE = 128
-    monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: standin)
+    wrong = fakes.module_copy(dsa_indexer, PAGED_INDEX_PAGE_SIZE=128)
+    monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: wrong)
     with pytest.raises(b12x.ConfigError, match="PAGED_INDEX_PAGE_SIZE expected 64, got 128"):
         make_indexer()
 
@@ -390,21 +386,19 @@ def test_forward_rejects_what_it_cannot_serve(module, monkeypatch):
 
 
 def test_prefill_plan_on_another_route_is_refused(monkeypatch, workspace):
-    standin = fakes.StandinIndexer()
-    real_plan = standin.plan
-
     def plan(caps):
-        p = real_plan(caps)
-        p.route = "packed_contiguous"
-        return p
+        real = dsa_indexer.plan(caps)
+        return SimpleNamespace(route="packed_contiguous", shapes_and_dtypes=real.shapes_and_dtypes)
 
-    standin.plan = plan
-    monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: standin)
+    monkeypatch.setattr(
+        indexer_mod, "_dsa_indexer", lambda: fakes.module_copy(dsa_indexer, plan=plan)
+    )
     indexer = make_indexer()
     with pytest.raises(
         b12x.ConfigError, match="route expected 'shared_prefill', got 'packed_contiguous'"
     ):
         indexer.run_paged_topk(**seed_inputs())
+    assert workspace.calls == 0
 
 
 def test_importing_the_adapters_does_not_import_vllm():
@@ -417,7 +411,6 @@ def test_importing_the_adapters_does_not_import_vllm():
 
 
 def test_forward_selection_matches_the_reference(monkeypatch):
-    dsa_indexer = pytest.importorskip("b12x.attention.dsa_indexer")
     from b12x._demo.model import (
         GrowingWorkspace,
         IndexProjections,
@@ -445,7 +438,6 @@ def test_forward_selection_matches_the_reference(monkeypatch):
 
 
 def test_capacities_in_one_bucket_share_a_plan(monkeypatch, workspace):
-    dsa_indexer = pytest.importorskip("b12x.attention.dsa_indexer")
     counting = CountingIndexer(dsa_indexer)
     monkeypatch.setattr(indexer_mod, "_dsa_indexer", lambda: counting)
     indexer = make_indexer(buffer_rows=16)

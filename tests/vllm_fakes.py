@@ -2,23 +2,19 @@
 
 * vLLM's side: a forward context, indexer metadata, a workspace manager that
   counts ``get_simultaneous`` calls, a cache holder.
-* b12x's side: counting wrappers around the indexer module, and a runtime
-  double for the all-reduce adapter that records every call.
-* Stand-ins for ``b12x.attention.dsa_indexer`` and ``b12x.comm.pcie`` used only
-  while those modules are not on this branch yet (``*_or_standin`` picks the
-  real module when it imports).
+* b12x's side: a counting wrapper around the indexer module, and a runtime
+  double for the all-reduce adapter that records every call (the real
+  runtime needs GPUs and a process group).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import torch
-from b12x.errors import UndeclaredPlanError
 
 # --- vLLM side ----------------------------------------------------------------------------
 
@@ -117,13 +113,6 @@ def install_vllm(monkeypatch, workspace: Workspace, context: ForwardContext | No
 # --- the indexer module -------------------------------------------------------------------
 
 
-def _real(module: str) -> Any:
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
-
-
 class CountingIndexer:
     """Wraps an indexer module; counts plan/bind/run and keeps what they saw."""
 
@@ -159,156 +148,13 @@ class CountingIndexer:
         return len({id(p) for p in self.plans})
 
 
-class StandinIndexer:
-    """Stand-in for ``b12x.attention.dsa_indexer`` until branch `planning` lands.
-
-    Interns plans by caps and, in ``run``, writes every output slot (the
-    first ``min(len, topk)`` logical rows, then -1), so the adapter's
-    plumbing can be checked; it computes no scores.
-    """
-
-    PAGED_INDEX_PAGE_SIZE = 64
-
-    @dataclass(frozen=True)
-    class Caps:
-        device: Any
-        num_q_heads: int
-        max_q_rows: int
-        max_page_table_width: int
-        topk: int
-        mode: str = "decode"
-
-        def __post_init__(self):
-            if self.topk not in (512, 1024, 2048):
-                raise ValueError(f"Caps: topk expected 512, 1024 or 2048, got {self.topk}")
-            if self.mode not in ("decode", "prefill"):
-                raise ValueError(f"Caps: mode expected decode or prefill, got {self.mode!r}")
-
-    def __init__(self) -> None:
-        self._plans: dict[Any, Any] = {}
-
-    @staticmethod
-    def is_supported(device: Any = None) -> bool:
-        return False
-
-    def plan(self, caps: Caps) -> Any:
-        if caps not in self._plans:
-            route = "shared_prefill" if caps.mode == "prefill" else "paged_decode"
-            nbytes = 1024 * max(1, caps.max_q_rows)
-            self._plans[caps] = SimpleNamespace(
-                caps=caps,
-                route=route,
-                nbytes=nbytes,
-                shapes_and_dtypes=lambda n=nbytes: (((n,), torch.uint8),),
-            )
-        return self._plans[caps]
-
-    def bind(self, plan: Any, **operands: Any) -> Any:
-        return SimpleNamespace(plan=plan, **operands)
-
-    def run(self, binding: Any) -> Any:
-        out = binding.output_indices
-        visible = torch.clamp(binding.cache_lengths, max=out.shape[1]).to(torch.int64)
-        slots = torch.arange(out.shape[1], dtype=torch.int64).expand_as(out)
-        out.copy_(torch.where(slots < visible[:, None], slots, -1))
-        if binding.output_scores is not None:
-            binding.output_scores.fill_(0.0)
-        return out
-
-
-def indexer_module_or_standin() -> Any:
-    return _real("b12x.attention.dsa_indexer") or StandinIndexer()
+def module_copy(module: Any, **overrides: Any) -> Any:
+    """A namespace with ``module``'s names, some replaced (to fake a misbehaving library)."""
+    names = {name: getattr(module, name) for name in dir(module) if not name.startswith("__")}
+    return SimpleNamespace(**{**names, **overrides})
 
 
 # --- the all-reduce side ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StandinInvocation:
-    """Stand-in for ``b12x.comm.pcie.Invocation`` (no validation)."""
-
-    name: str
-    operation: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    strides: tuple[int, ...] | None = None
-    input_alignment: int = 16
-    norm_weight: Any = None
-    epsilon: float | None = None
-    channel_id: str | None = None
-    persistent_input: Any = None
-
-
-def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
-
-
-def _key(operation, shape, dtype, strides, weight, epsilon):
-    address = tuple(0 if d == 1 else s for d, s in zip(shape, strides, strict=True))
-    norm = None if operation == "all_reduce" else (id(weight), epsilon)
-    return (operation, tuple(shape), dtype, address, norm)
-
-
-class StandinDeclaredPlanIndex:
-    """Stand-in for ``b12x.comm.pcie.DeclaredPlanIndex``: the spec's dict index."""
-
-    def __init__(self) -> None:
-        self._map: dict[Any, Any] = {}
-        self._weights: list[Any] = []
-        self._declared: list[str] = []
-
-    def rebuild(self, pairs) -> None:
-        fresh, weights, declared = {}, [], []
-        for inv, plan in pairs:
-            strides = inv.strides if inv.strides is not None else _contiguous(inv.shape)
-            key = _key(inv.operation, inv.shape, inv.dtype, strides, inv.norm_weight, inv.epsilon)
-            fresh.setdefault(key, plan)
-            weights.append(inv.norm_weight)
-            declared.append(f"{inv.operation}{tuple(inv.shape)}")
-        self._map, self._weights, self._declared = fresh, weights, declared
-
-    def lookup(self, tensor, operation="all_reduce", weight=None, epsilon=None):
-        key = _key(operation, tensor.shape, tensor.dtype, tensor.stride(), weight, epsilon)
-        return self._map.get(key)
-
-    def has_plan_for(self, tensor, operation="all_reduce", weight=None, epsilon=None) -> bool:
-        return self.lookup(tensor, operation, weight, epsilon) is not None
-
-    def plan_for(self, tensor, operation="all_reduce", weight=None, epsilon=None):
-        plan = self.lookup(tensor, operation, weight, epsilon)
-        if plan is None:
-            raise UndeclaredPlanError(
-                f"no declared plan for {operation} on shape {tuple(tensor.shape)} "
-                f"{tensor.dtype} strides {tuple(tensor.stride())}; declared: "
-                + ", ".join(self._declared)
-            )
-        return plan
-
-    def clear(self) -> None:
-        self._map, self._weights, self._declared = {}, [], []
-
-    def __len__(self) -> int:
-        return len(self._map)
-
-
-def pcie_or_standin() -> Any:
-    """``b12x.comm.pcie``'s names, each from the real module when it has it."""
-    real = _real("b12x.comm.pcie")
-    return SimpleNamespace(
-        Invocation=getattr(real, "Invocation", StandinInvocation),
-        DeclaredPlanIndex=getattr(real, "DeclaredPlanIndex", StandinDeclaredPlanIndex),
-        UndeclaredPlanError=UndeclaredPlanError,
-        AllReduce=getattr(real, "AllReduce", None),
-    )
-
-
-def runtime_module_or_none() -> Any:
-    """``b12x.comm.pcie.allreduce`` (Limits, route) once branch `collectives` is in."""
-    return _real("b12x.comm.pcie.allreduce")
 
 
 @dataclass(eq=False)
