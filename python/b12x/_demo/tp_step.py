@@ -76,6 +76,7 @@ def tp_step(gpus: int | None = None) -> StepResult:
     parts = [
         f"r{rows}: {'ok' if r['ok'] else 'MISMATCH'} (max err {r['max_err']:.3g}), "
         f"{r['fused_us']:.1f} vs {r['nccl_us']:.1f} us"
+        + ("" if r["nccl_mode"] == "graph" else " (NCCL eager)")
         for rows, r in report["rows"].items()
     ]
     ok = all(r["ok"] for r in report["rows"].values()) and report["all_ranks_ok"]
@@ -248,8 +249,31 @@ class _RowsCase:
             dist.all_reduce(nccl_x)
             add_rms_norm_(nccl_x, nccl_res, self.layer.norm_weight, EPS)
 
-        _, nccl_us = _graph_us(nccl_step, self.device)
-        return {"ok": ok, "max_err": err, "fused_us": fused_us, "nccl_us": nccl_us}
+        try:
+            _, nccl_us = _graph_us(nccl_step, self.device)
+            nccl_mode = "graph"
+        except Exception:  # NCCL capture unsupported here: time it eagerly instead
+            torch.cuda.synchronize(self.device)
+            nccl_us, nccl_mode = _eager_us(nccl_step, self.device), "eager"
+        return {
+            "ok": ok,
+            "max_err": err,
+            "fused_us": fused_us,
+            "nccl_us": nccl_us,
+            "nccl_mode": nccl_mode,
+        }
+
+
+def _eager_us(fn: Any, device: torch.device, repeats: int = 100) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(repeats):
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(samples)
 
 
 def _replays(graph: Any, device: torch.device, repeats: int = 100) -> list[float]:
