@@ -172,42 +172,13 @@ impl TensorMeta {
     /// torch's definition: the strides of every dimension of size > 1 equal
     /// the row-major ones (size-1 dimensions may carry any stride).
     pub fn is_contiguous(&self) -> bool {
-        let mut expected = 1i64;
-        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
-            if d != 1 && s != expected {
-                return d == 0 || self.is_empty();
-            }
-            expected = expected.saturating_mul(d);
-        }
-        true
+        self.is_empty() || is_row_major(&self.shape, &self.strides)
     }
 
     /// Weak contiguity: the elements cover a dense block without overlap,
-    /// in some order of dimensions. Size-1 dimensions are ignored; strides
-    /// must be non-negative; sorted by stride the live dimensions pack
-    /// densely starting at stride 1.
+    /// in some order of dimensions (see [`is_dense`]); empty tensors qualify.
     pub fn is_weakly_contiguous(&self) -> bool {
-        if self.is_empty() {
-            return true;
-        }
-        let mut live: ArrayVec<(i64, i64), MAX_RANK> = ArrayVec::new();
-        for (&d, &s) in self.shape.iter().zip(&self.strides) {
-            if s < 0 {
-                return false;
-            }
-            if d != 1 {
-                live.push((s, d));
-            }
-        }
-        live.sort_unstable();
-        let mut expected = 1i64;
-        for (s, d) in live {
-            if s != expected {
-                return false;
-            }
-            expected = expected.saturating_mul(d);
-        }
-        true
+        self.is_empty() || is_dense(&self.shape, &self.strides)
     }
 
     /// Number of bytes spanned from element 0 to one past the last element,
@@ -223,6 +194,40 @@ impl TensorMeta {
         }
         last.checked_add(1)?.checked_mul(self.dtype.itemsize())
     }
+}
+
+/// Row-major once size-1 dimensions are ignored (their stride never moves an
+/// address): torch's contiguity for non-empty tensors.
+pub fn is_row_major(shape: &[i64], strides: &[i64]) -> bool {
+    let mut expected = 1i64;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d);
+    }
+    true
+}
+
+/// Dense in some dimension order: ignoring size-1 dimensions, the others
+/// sorted by stride pack densely from stride 1 (so no overlap, no gaps, no
+/// negative strides). An elementwise op may treat such a tensor as flat.
+pub fn is_dense(shape: &[i64], strides: &[i64]) -> bool {
+    let mut live: ArrayVec<(i64, i64), MAX_RANK> = ArrayVec::new();
+    for (&d, &s) in shape.iter().zip(strides) {
+        if d != 1 && live.try_push((s, d)).is_err() {
+            return false;
+        }
+    }
+    live.sort_unstable();
+    let mut expected = 1i64;
+    for (s, d) in live {
+        if s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d);
+    }
+    true
 }
 
 #[cfg(test)]

@@ -61,18 +61,29 @@ const OFF: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNCHECKED);
 static SHIM: PyOnceLock<Option<Shim>> = PyOnceLock::new();
 
+/// A handle to one of torch's own shared libraries (`torch/lib/<file>`),
+/// only if `import torch` already loaded it; None when the shim is switched
+/// off (`B12X_TORCH_SHIM=0`) or the library is not there.
 #[cfg(target_os = "linux")]
-fn load(py: Python<'_>) -> Option<Shim> {
+pub(crate) fn loaded_torch_library(
+    py: Python<'_>,
+    file: &str,
+) -> Option<libloading::os::unix::Library> {
     use libloading::os::unix::{Library, RTLD_NOW};
     const RTLD_NOLOAD: i32 = 4; // glibc and musl
     if std::env::var("B12X_TORCH_SHIM").is_ok_and(|v| v == "0") {
         return None;
     }
     let torch_file: String = py.import("torch").ok()?.getattr("__file__").ok()?.extract().ok()?;
-    let path = std::path::Path::new(&torch_file).parent()?.join("lib").join("libtorch_cpu.so");
+    let path = std::path::Path::new(&torch_file).parent()?.join("lib").join(file);
     // SAFETY: RTLD_NOLOAD only returns a handle to a library torch already
     // loaded, so no initialisers run.
-    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_NOLOAD) }.ok()?;
+    unsafe { Library::open(Some(path), RTLD_NOW | RTLD_NOLOAD) }.ok()
+}
+
+#[cfg(target_os = "linux")]
+fn load(py: Python<'_>) -> Option<Shim> {
+    let lib = loaded_torch_library(py, "libtorch_cpu.so")?;
     // SAFETY: the signatures are those of torch/csrc/inductor/aoti_torch/c/shim.h.
     unsafe {
         let code = |name: &[u8]| lib.get::<Code>(name).ok().map(|f| f());

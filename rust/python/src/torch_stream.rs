@@ -18,16 +18,7 @@ static PY_FALLBACK: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 #[cfg(target_os = "linux")]
 fn load(py: Python<'_>) -> Option<GetStream> {
-    use libloading::os::unix::{Library, RTLD_NOW};
-    const RTLD_NOLOAD: i32 = 4; // glibc and musl
-    if std::env::var("B12X_TORCH_SHIM").is_ok_and(|v| v == "0") {
-        return None;
-    }
-    let torch_file: String = py.import("torch").ok()?.getattr("__file__").ok()?.extract().ok()?;
-    let path = std::path::Path::new(&torch_file).parent()?.join("lib").join("libtorch_cuda.so");
-    // SAFETY: RTLD_NOLOAD only returns a handle to a library torch already
-    // loaded, so no initialisers run.
-    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_NOLOAD) }.ok()?;
+    let lib = crate::torch_abi::loaded_torch_library(py, "libtorch_cuda.so")?;
     // SAFETY: the signature of torch/csrc/inductor/aoti_torch/c/shim.h.
     let f = unsafe { *lib.get::<GetStream>(b"aoti_torch_get_current_cuda_stream\0").ok()? };
     std::mem::forget(lib); // torch keeps it loaded; keep our reference too

@@ -73,33 +73,7 @@ fn decline(why: impl Into<String>) -> Decline {
     Decline(why.into())
 }
 
-/// Row-major once size-1 dims are ignored (their stride never moves an address).
-pub fn is_row_major(shape: &[i64], strides: &[i64]) -> bool {
-    let mut expected = 1i64;
-    for (&d, &s) in shape.iter().zip(strides).rev() {
-        if d != 1 && s != expected {
-            return false;
-        }
-        expected = expected.saturating_mul(d);
-    }
-    true
-}
-
-/// Dense in some dim order (an elementwise collective may treat it as flat):
-/// the dims of size > 1, sorted by stride, pack densely from stride 1.
-pub fn is_dense(shape: &[i64], strides: &[i64]) -> bool {
-    let mut live: Vec<(i64, i64)> =
-        shape.iter().zip(strides).filter(|(&d, _)| d != 1).map(|(&d, &s)| (s, d)).collect();
-    live.sort_unstable();
-    let mut expected = 1i64;
-    for (s, d) in live {
-        if s != expected {
-            return false;
-        }
-        expected = expected.saturating_mul(d);
-    }
-    true
-}
+pub use crate::tensor::{is_dense, is_row_major};
 
 /// Routes one declaration. `strides` None means row-major contiguous.
 pub fn route(
