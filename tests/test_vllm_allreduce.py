@@ -149,6 +149,8 @@ def test_eager_dispatch_runs_the_declared_call(pcie):
     assert torch.equal(out, x * 2)
     assert comm._routes == {"o_proj.m2": "oneshot"}
     assert comm._plans["o_proj.m2"] is runtime.declared_plans[0][1]
+    # the plan admission found goes to the runtime, which need not look it up again
+    assert runtime.plans_passed == [comm._plans["o_proj.m2"]]
 
 
 def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
@@ -168,6 +170,7 @@ def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
     assert comm.custom_all_reduce(x) is None
     assert comm.try_fused_add_rms_norm(x, residual, weight, 1e-6)
     assert runtime.calls == [("fused", (x, residual, weight, 1e-6, None, None))]  # in place
+    assert runtime.plans_passed == [comm._plans["fused"]]
     assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-5)  # undeclared epsilon
     assert not comm.try_fused_add_rms_norm(x, residual, weight.clone(), 1e-6)  # another weight
     assert not comm.try_fused_add_rms_norm(x, x, weight, 1e-6)  # residual aliases the input

@@ -185,6 +185,7 @@ class FakeRuntime:
         self.in_capture = False
         self.captures = 0
         self.closed = 0
+        self.plans_passed: list[Any] = []  # the plan= each run call got
 
     def declare(self, invocations) -> None:
         invocations = list(invocations)
@@ -201,16 +202,20 @@ class FakeRuntime:
             plan.names.append(inv.name)
             self.declared_plans.append((inv, plan))
 
-    def all_reduce(self, inp, out=None):
+    def all_reduce(self, inp, out=None, *, plan=None):
         self.calls.append(("all_reduce", (inp, out)))
+        self.plans_passed.append(plan)
         result = inp * self.world_size
         if out is None:
             return result
         out.copy_(result)
         return out
 
-    def fused_add_rms_norm(self, inp, residual, weight, eps, out=None, residual_out=None):
+    def fused_add_rms_norm(
+        self, inp, residual, weight, eps, out=None, residual_out=None, *, plan=None
+    ):
         self.calls.append(("fused", (inp, residual, weight, eps, out, residual_out)))
+        self.plans_passed.append(plan)
         return inp, residual
 
     @contextlib.contextmanager

@@ -521,10 +521,15 @@ class AllReduce:
             raise
 
     # ------------------------------------------------------------- live calls
-    def all_reduce(self, inp: Any, out: Any = None) -> Any:
+    def all_reduce(self, inp: Any, out: Any = None, *, plan: Any = None) -> Any:
         """Sum ``inp`` over the group into ``out`` (default: a new tensor) on
-        torch's current stream; every rank gets identical bits."""
-        plan = self.plan_for(inp)
+        torch's current stream; every rank gets identical bits.
+
+        ``plan``: the declared plan of this call when the caller already looked
+        it up (an adapter's admission does); None looks it up. The launch
+        checks ``inp`` and ``out`` against the plan either way."""
+        if plan is None:
+            plan = self.plan_for(inp)
         if out is None:
             import torch
 
@@ -540,11 +545,15 @@ class AllReduce:
         eps: float,
         out: Any = None,
         residual_out: Any = None,
+        *,
+        plan: Any = None,
     ) -> tuple[Any, Any]:
         """``r = allreduce(inp) + residual``; ``residual_out = r``;
         ``out = r * rsqrt(mean(r^2) + eps) * weight`` (fp32 math, one rounding
-        each). Defaults are in place: ``out=inp``, ``residual_out=residual``."""
-        plan = self.plan_for(inp, FUSED, weight, eps)
+        each). Defaults are in place: ``out=inp``, ``residual_out=residual``.
+        ``plan`` as for :meth:`all_reduce`."""
+        if plan is None:
+            plan = self.plan_for(inp, FUSED, weight, eps)
         out = inp if out is None else out
         residual_out = residual if residual_out is None else residual_out
         self._rt.run_fused(

@@ -314,24 +314,30 @@ class PcieAllReduce:
 
     # --- admission and dispatch ---------------------------------------------------------
 
-    def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> bool:
+    def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> Any:
+        """The declared plan of this call if the fast path takes it, else None
+        (one index lookup; the plan goes on to the runtime, which does not look again)."""
         index = self._index
         if self.disabled or index is None:
-            return False
-        if index.lookup(inp, operation, weight, epsilon) is None:
-            return False
+            return None
+        plan = index.lookup(inp, operation, weight, epsilon)
+        if plan is None:
+            return None
         # The key fixes shape, dtype and strides; the device and address are live.
-        return inp.device == self.device and inp.data_ptr() % 16 == 0
+        if inp.device != self.device or inp.data_ptr() % 16:
+            return None
+        return plan
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """True when :meth:`custom_all_reduce` will take ``inp`` (declared, on a route)."""
-        return self._admit(inp, PLAIN, None, None)
+        return self._admit(inp, PLAIN, None, None) is not None
 
     def custom_all_reduce(self, inp: torch.Tensor) -> torch.Tensor | None:
         """The all-reduced ``inp`` (a new tensor), or None to decline to the next backend."""
-        if not self._admit(inp, PLAIN, None, None):
+        plan = self._admit(inp, PLAIN, None, None)
+        if plan is None:
             return None
-        return self.runtime.all_reduce(inp)
+        return self.runtime.all_reduce(inp, plan=plan)
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """All-reduces ``inp`` on its declared plan into ``out`` (default: a new tensor).
@@ -344,8 +350,8 @@ class PcieAllReduce:
         """
         if self.disabled:
             raise ConfigError("PcieAllReduce.all_reduce: runtime expected enabled, got disabled")
-        self.plan_for(inp)  # the precise error for an undeclared call
-        return self.runtime.all_reduce(inp, out)
+        plan = self.plan_for(inp)  # the precise error for an undeclared call
+        return self.runtime.all_reduce(inp, out, plan=plan)
 
     def try_fused_add_rms_norm(
         self,
@@ -376,9 +382,10 @@ class PcieAllReduce:
             or inp.data_ptr() == residual.data_ptr()
         ):
             return False
-        if not self._admit(inp, FUSED, weight, epsilon):
+        plan = self._admit(inp, FUSED, weight, epsilon)
+        if plan is None:
             return False
-        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon)
+        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon, plan=plan)
         return True
 
     def fused_all_reduce_add_rms_norm(
