@@ -8,7 +8,10 @@
 // over all candidates; the bin that holds the k-th key is buffered in shared
 // memory when it fits (CAP), and the later digits only read that buffer. A
 // bin that does not fit is refined by re-scanning the candidates: slower, but
-// exact and allocation-free.
+// exact and allocation-free. The slice and merge kernels first try a window
+// path (select_topk_window): one pass for the largest key, one histogram of
+// the distance below it, direct ranking inside the k-th key's bin; it falls
+// back to the radix path when the k-th key is outside the window.
 //
 // Kernels (one 512-thread CTA per row, or per (slice, row)):
 //   fold   carry + chunk logits            -> next carry, or the outputs on the last chunk
@@ -24,7 +27,7 @@
 #define TOPK_WARPS (TOPK_THREADS / 32)
 #define TOPK_CAP 3072
 #define TOPK_MAX_BINS 4096
-#define TOPK_UNROLL 2  // float4 groups in flight per thread and round
+#define TOPK_UNROLL 2  // float4 groups in flight per thread and round (unrolled form)
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -249,6 +252,7 @@ struct TopkSmem {
     u32 buf_v[TOPK_CAP];
     u32 buf_i[TOPK_CAP];
     u32 warp_sum[TOPK_WARPS];
+    u32 warp_max[TOPK_WARPS];
     u32 buf_n;
     u32 out_n;
     u32 res_bin;
@@ -314,6 +318,24 @@ __device__ __forceinline__ void find_bin(TopkSmem& sm, u32 nbins, u32 need) {
     __syncthreads();
 }
 
+__device__ __forceinline__ Cand4 no_cand4() {
+    Cand4 c;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        c.ok[e] = false;
+        c.v[e] = 0.0f;
+        c.idx[e] = 0;
+    }
+    return c;
+}
+
+// Element e (0..3) of a group, by selects (a dynamic index would put the
+// arrays in local memory).
+template <class T>
+__device__ __forceinline__ T pick4(const T (&a)[4], int e) {
+    return e == 0 ? a[0] : (e == 1 ? a[1] : (e == 2 ? a[2] : a[3]));
+}
+
 // Calls f(ok, v, idx) for every candidate slot: the head one per thread and
 // round, the vector part TOPK_UNROLL float4 groups per thread and round.
 // Every thread makes the same number of calls (warp collectives are safe in f).
@@ -335,22 +357,56 @@ __device__ __forceinline__ void for_each_cand(const Src& src, F&& f) {
 #pragma unroll
         for (int u = 0; u < TOPK_UNROLL; ++u) {
             const u32 g = base + u * TOPK_THREADS + threadIdx.x;
-            if (g < ng) {
-                c[u] = src.group(g);
-            } else {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    c[u].ok[e] = false;
-                    c[u].v[e] = 0.0f;
-                    c[u].idx[e] = 0;
-                }
-            }
+            c[u] = g < ng ? src.group(g) : no_cand4();
         }
 #pragma unroll
         for (int u = 0; u < TOPK_UNROLL; ++u)
 #pragma unroll
             for (int e = 0; e < 4; ++e) f(c[u].ok[e], c[u].v[e], c[u].idx[e]);
     }
+}
+
+// for_each_cand's small-code form: the vector part one float4 group per
+// thread and round, the next round's group loaded before this one is
+// processed, and f once in the loop (rolled over the group's four elements).
+// A single CTA runs through this code once per pass, so its size costs
+// instruction fetches: the merge measured faster this way, the dense slice
+// and fold slower.
+// Every thread makes the same number of calls (warp collectives are safe in f).
+template <class Src, class F>
+__device__ __forceinline__ void for_each_cand_rolled(const Src& src, F&& f) {
+    const u32 nh = src.n_head();
+    for (u32 base = 0; base < nh; base += TOPK_THREADS) {
+        const u32 i = base + threadIdx.x;
+        Cand c;
+        c.ok = false;
+        c.v = 0.0f;
+        c.idx = 0;
+        if (i < nh) c = src.head(i);
+        f(c.ok, c.v, c.idx);
+    }
+    const u32 ng = src.n_groups();
+    // Round r loads group round r and processes round r - 1 (one load site).
+    Cand4 cur = no_cand4();
+    for (u32 r = 0; r * TOPK_THREADS < ng + TOPK_THREADS; ++r) {
+        const u32 g = r * TOPK_THREADS + threadIdx.x;
+        const Cand4 nxt = g < ng ? src.group(g) : no_cand4();
+        if (r > 0) {
+#pragma unroll 1
+            for (int e = 0; e < 4; ++e) f(pick4(cur.ok, e), pick4(cur.v, e), pick4(cur.idx, e));
+        }
+        cur = nxt;
+    }
+}
+
+// Either form, chosen per kernel (the unrolled one streams long dense rows
+// faster; the rolled one keeps the merge's heavier group loads short).
+template <bool kRolled, class Src, class F>
+__device__ __forceinline__ void each_cand(const Src& src, F&& f) {
+    if (kRolled)
+        for_each_cand_rolled(src, f);
+    else
+        for_each_cand(src, f);
 }
 
 // Warp-aggregated append: slot for this lane when sel, from counter *ctr.
@@ -391,9 +447,11 @@ __device__ __forceinline__ void emit_if(bool sel, float v, u32 idx, const Sink& 
 }
 
 // The k best candidates of src to sink slots [0, k) when there are more
-// than k, else all of them; then padding up to pad_to.
+// than k, else all of them; then padding up to pad_to. The general radix
+// path: a 12-bit first digit from the top of the value key.
 template <class Src, class Sink>
-__device__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink, TopkSmem& sm) {
+__device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink& sink,
+                                  TopkSmem& sm) {
     if (threadIdx.x == 0) {
         sm.out_n = 0;
         sm.buf_n = 0;
@@ -482,10 +540,133 @@ __device__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink,
     }
 }
 
+// Window path. Top-k values sit in a narrow range of the key's top bits, so
+// a fixed first digit piles them into a few bins (many levels and passes to
+// resolve; the merge's candidates, all from the top tail, most of all).
+// Instead: the largest key first, then a histogram of the
+// distance below it in WIN_BINS bins of 2^WIN_SHIFT keys (8 octaves of the
+// float exponent); keys further down are not counted. The bin holding the
+// k-th key goes to the buffer and its keys are ranked by direct comparison.
+// When the k-th key lies below the window, or its bin is large, the radix
+// path runs instead (exact either way).
+#define WIN_BINS 4096u
+#define WIN_SHIFT 14u
+#define WIN_RANK_MAX 512u
+
+// The radix path as a call: out of the window path's straight code.
+template <class Src, class Sink>
+__device__ __noinline__ void select_topk_radix_cold(const Src& src, u32 k, u32 pad_to,
+                                                   const Sink& sink, TopkSmem& sm) {
+    select_topk_radix(src, k, pad_to, sink, sm);
+}
+
+template <bool kRolled, class Src, class Sink>
+__device__ void select_topk_window(const Src& src, u32 k, u32 pad_to, const Sink& sink,
+                                   TopkSmem& sm) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (threadIdx.x == 0) {
+        sm.out_n = 0;
+        sm.buf_n = 0;
+    }
+    for (u32 b = threadIdx.x; b < WIN_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    // Pass 1: candidates and their largest key.
+    u32 cnt = 0, mx = 0;
+    each_cand<kRolled>(src, [&](bool ok, float v, u32) {
+        cnt += ok ? 1u : 0u;
+        if (ok) mx = max(mx, value_key(v));
+    });
+    cnt = __reduce_add_sync(0xffffffffu, cnt);
+    mx = __reduce_max_sync(0xffffffffu, mx);
+    if (lane == 0) {
+        sm.warp_sum[warp] = cnt;
+        sm.warp_max[warp] = mx;
+    }
+    __syncthreads();
+    u32 total = 0, hi = 0;
+#pragma unroll
+    for (int w = 0; w < TOPK_WARPS; ++w) {
+        total += sm.warp_sum[w];
+        hi = max(hi, sm.warp_max[w]);
+    }
+    if (total <= k) {
+        each_cand<kRolled>(src, [&](bool ok, float v, u32 idx) { emit_if(ok, v, idx, sink, sm); });
+        sink.pad(total, pad_to);
+        return;
+    }
+    // Pass 2: distance histogram, bin WIN_BINS - 1 at the top.
+    const u32 span = WIN_BINS << WIN_SHIFT;
+    each_cand<kRolled>(src, [&](bool ok, float v, u32) {
+        const u32 d = hi - value_key(v);
+        if (ok && d < span) atomicAdd(&sm.hist[WIN_BINS - 1 - (d >> WIN_SHIFT)], 1u);
+    });
+    __syncthreads();
+    find_bin(sm, WIN_BINS, k);
+    if (sm.res_total < k || sm.res_cnt > WIN_RANK_MAX) {
+        __syncthreads();  // every thread has read res_* before the radix path rewrites them
+        select_topk_radix_cold(src, k, pad_to, sink, sm);
+        return;
+    }
+    const u32 j = WIN_BINS - 1 - sm.res_bin;
+    const u32 need = k - sm.res_above;
+    const u32 lo_d = j << WIN_SHIFT, hi_d = (j + 1) << WIN_SHIFT;
+    if (sm.res_cnt == need) {  // the whole bin is in
+        each_cand<kRolled>(src, [&](bool ok, float v, u32 idx) {
+            emit_if(ok && hi - value_key(v) < hi_d, v, idx, sink, sm);
+        });
+        return;
+    }
+    // Pass 3: emit the keys above the bin, buffer the bin.
+    each_cand<kRolled>(src, [&](bool ok, float v, u32 idx) {
+        const u32 d = hi - value_key(v);
+        emit_if(ok && d < lo_d, v, idx, sink, sm);
+        const bool keep = ok && d >= lo_d && d < hi_d;
+        if (__any_sync(0xffffffffu, keep)) {
+            const u32 s = warp_append(keep, &sm.buf_n);
+            if (keep) {
+                sm.buf_v[s] = __float_as_uint(v);
+                sm.buf_i[s] = idx;
+            }
+        }
+    });
+    __syncthreads();
+    // The bin's keys are unique: a key is in when fewer than need keys beat it.
+    const u32 nb = sm.buf_n;
+    const u32 t = threadIdx.x;
+    bool sel = false;
+    float v = 0.0f;
+    u32 idx = 0;
+    if (t < nb) {
+        v = __uint_as_float(sm.buf_v[t]);
+        idx = sm.buf_i[t];
+        const u64 key = cand_key(v, idx);
+        u32 beat = 0;
+        for (u32 i = 0; i < nb; ++i)
+            beat += cand_key(__uint_as_float(sm.buf_v[i]), sm.buf_i[i]) > key ? 1u : 0u;
+        sel = beat < need;
+    }
+    emit_if(sel, v, idx, sink, sm);
+}
+
+// Selection per kernel: the fold keeps the radix path (its long rows spread
+// over many first-digit bins and stream fastest through the unrolled loop;
+// the window's extra pass measured slower there); the slice takes the window
+// path, unrolled; the merge, whose candidates all sit in the top tail, the
+// window path rolled.
+enum SelectPath { kRadix, kWindowUnrolled, kWindowRolled };
+
+template <int kPath, class Src, class Sink>
+__device__ __forceinline__ void select_topk(const Src& src, u32 k, u32 pad_to, const Sink& sink,
+                                            TopkSmem& sm) {
+    if (kPath == kRadix)
+        select_topk_radix(src, k, pad_to, sink, sm);
+    else
+        select_topk_window<kPath == kWindowRolled>(src, k, pad_to, sink, sm);
+}
+
 __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1); }
 
 // Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
-template <class Src>
+template <int kPath, class Src>
 __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const RowChunk& rc,
                                                const Src& src, TopkSmem& sm) {
     if (rc.last) {
@@ -494,7 +675,7 @@ __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const
         sink.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
         sink.pt_row = p.page_table + (u64)r * p.pt_row_stride;
         sink.physical = p.physical != 0;
-        select_topk(src, p.topk, p.topk, sink, sm);
+        select_topk<kPath>(src, p.topk, p.topk, sink, sm);
     } else {
         ValueSink sink;
         const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
@@ -502,7 +683,7 @@ __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const
         sink.i = p.carry_indices + off;
         // The next chunk reads min(topk, live tokens so far) carry slots.
         const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
-        select_topk(src, p.topk, (u32)min(through, (u64)p.topk), sink, sm);
+        select_topk<kPath>(src, p.topk, (u32)min(through, (u64)p.topk), sink, sm);
     }
 }
 
@@ -520,7 +701,7 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const
     src.logits = p.logits + (u64)r * p.logits_row_stride;
     src.idx0 = p.chunk * p.chunk_len;
     src.n = rc.n_chunk;
-    select_to_dest(p, r, rc, src, sm);
+    select_to_dest<kRadix>(p, r, rc, src, sm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits.
@@ -541,7 +722,7 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(cons
     const u64 off = ((u64)r * p.slices + s) * p.topk;
     sink.v = p.part_values + off;
     sink.i = p.part_indices + off;
-    select_topk(src, p.topk, min(src.n, p.topk), sink, sm);
+    select_topk<kWindowUnrolled>(src, p.topk, min(src.n, p.topk), sink, sm);
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
@@ -561,5 +742,5 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(cons
     src.slices = p.slices;
     src.slice_len = p.slice_len;
     src.n_chunk = rc.n_chunk;
-    select_to_dest(p, r, rc, src, sm);
+    select_to_dest<kWindowRolled>(p, r, rc, src, sm);
 }
