@@ -18,7 +18,8 @@ HIDDEN = 7168
 ATTN_OUT = 128 * 128  # heads x value head dim feeding o_proj (split over ranks)
 EPS = 1e-6
 ROWS = (1, 4, 16)
-TIMEOUT_S = 300
+TIMEOUT_S = 120  # the whole layer step takes ~10 s on 2x H200
+ERROR_GRACE_S = 15
 
 
 def _free_port() -> int:
@@ -56,12 +57,15 @@ def tp_step(gpus: int | None = None) -> StepResult:
     errors: list[str] = []
     try:
         for _ in range(world):
-            rank, report, error = queue.get(timeout=TIMEOUT_S)
+            # Once one rank has failed, its peers may wait on it forever (e.g.
+            # in NCCL init): give them a short grace period, not the full bound.
+            rank, report, error = queue.get(timeout=ERROR_GRACE_S if errors else TIMEOUT_S)
             reports[rank] = report
             if error:
                 errors.append(f"rank {rank}: {error.strip().splitlines()[-1]}")
     except Exception as e:  # queue.Empty: a rank hung or died without reporting
-        errors.append(f"no report within {TIMEOUT_S} s ({type(e).__name__})")
+        missing = sorted(set(range(world)) - set(reports))
+        errors.append(f"no report from rank(s) {missing} in time ({type(e).__name__})")
     for p in procs:
         p.join(timeout=30)
         if p.is_alive():
