@@ -34,6 +34,7 @@ def test_doctor_exits_zero_and_reports():
     assert out.returncode == 0, out.stderr
     assert "b12x doctor" in out.stdout
     assert "ISA 8.7 for compute_89" in out.stdout
+    assert "tensor metadata" in out.stdout
     if not cuda.is_available():
         assert "CPU paths only" in out.stdout or "GPUs" in out.stdout
 

@@ -21,6 +21,12 @@ def report() -> dict:
 
         info["torch"] = torch.__version__
         info["torch_cuda"] = torch.version.cuda
+        # one read makes the fast metadata path check itself against torch's getters
+        _core.tensor_meta(torch.zeros(2))
+        info["torch_metadata_path"] = {
+            "trusted": "torch C shim (checked against torch's getters)",
+            "off": "attribute reads (C shim off or unavailable)",
+        }.get(_core.torch_shim_state(), _core.torch_shim_state())
     except ImportError:
         info["torch"] = None
     info["driver_present"] = _core.driver_present()
@@ -61,6 +67,8 @@ def run_doctor() -> int:
     )
     _line("PTX modules", ", ".join(name for name, _ in build["modules"]))
     _line("bindings", build["cudarc_bindings"])
+    if "torch_metadata_path" in info:
+        _line("tensor metadata", info["torch_metadata_path"])
     if not info["driver_present"]:
         _line("driver", "not found (libcuda.so): CPU paths only")
         return 0
