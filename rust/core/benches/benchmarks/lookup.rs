@@ -38,6 +38,25 @@ fn bench_lookup(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new(case, n), &shape, |b, shape| {
                 b.iter(|| lookup(black_box(&index), black_box(shape), black_box(&strides)))
             });
+            // The same through a per-thread reader (no read-side fence per call).
+            let mut reader = index.reader();
+            group.bench_with_input(
+                BenchmarkId::new(format!("{case}_reader"), n),
+                &shape,
+                |b, shape| {
+                    b.iter(|| {
+                        let key = PlanKey::new(
+                            Operation::AllReduce,
+                            DType::BF16,
+                            black_box(shape),
+                            black_box(&strides),
+                            None,
+                        )
+                        .ok()?;
+                        reader.lookup(&key).map(|e| e.payload)
+                    })
+                },
+            );
         }
     }
     group.finish();

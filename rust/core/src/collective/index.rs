@@ -9,6 +9,7 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use arc_swap::cache::Cache;
 use arc_swap::{ArcSwap, Guard};
 use hashbrown::HashTable;
 
@@ -190,12 +191,47 @@ impl<P> DeclaredPlanIndex<P> {
     pub fn is_empty(&self) -> bool {
         self.current.load().is_empty()
     }
+
+    /// A reader for one thread's hot loop: it keeps the snapshot it last saw
+    /// and only reloads after a rebuild (one pointer compare per lookup, no
+    /// read-side fence). It holds that snapshot, and so its payloads, until
+    /// its next lookup or until it is dropped.
+    pub fn reader(&self) -> Reader<'_, P> {
+        Reader { cache: Cache::new(&self.current) }
+    }
+}
+
+/// See [`DeclaredPlanIndex::reader`].
+pub struct Reader<'a, P> {
+    cache: Cache<&'a ArcSwap<Snapshot<P>>, Arc<Snapshot<P>>>,
+}
+
+impl<P> Reader<'_, P> {
+    /// The declaration of `key` in the current snapshot, if any.
+    #[inline]
+    pub fn lookup(&mut self, key: &PlanKey) -> Option<&Entry<P>> {
+        let snapshot = self.cache.load();
+        snapshot.position(key).map(|i| &snapshot.entries[i])
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::tensor::DType;
+
+    #[test]
+    fn a_reader_sees_rebuilds_and_clears() {
+        let index = DeclaredPlanIndex::new([entry("a", key(4), 1)]);
+        let mut reader = index.reader();
+        assert_eq!(reader.lookup(&key(4)).map(|e| e.payload), Some(1));
+        assert!(reader.lookup(&key(5)).is_none());
+        index.rebuild([entry("b", key(5), 2), entry("c", key(5), 3)]);
+        assert!(reader.lookup(&key(4)).is_none());
+        assert_eq!(reader.lookup(&key(5)).map(|e| e.payload), Some(2)); // first wins
+        index.clear();
+        assert!(reader.lookup(&key(5)).is_none());
+    }
 
     fn key(rows: i64) -> PlanKey {
         PlanKey::new(Operation::AllReduce, DType::BF16, &[rows, 16], &[16, 1], None).unwrap()

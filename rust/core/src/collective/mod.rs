@@ -13,7 +13,7 @@ mod index;
 mod key;
 
 pub use declaration::{Declaration, Field, SUPPORTED_DTYPES};
-pub use index::{DeclaredPlanIndex, Entry, Hit, Snapshot, DECLARED_LISTED};
+pub use index::{DeclaredPlanIndex, Entry, Hit, Reader, Snapshot, DECLARED_LISTED};
 pub use key::{address_strides, epsilon_bits, Norm, PlanKey, Unindexable};
 
 use std::fmt;
