@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import traceback
 from pathlib import Path
 
 import pytest
+from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
 
 pytestmark = pytest.mark.multi_gpu
 
-NVLS_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 SPAWN_TIMEOUT_S = 180
 
 
@@ -33,19 +28,13 @@ def _world() -> int:
     return min(torch.cuda.device_count(), 8)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(fn, world: int, outdir: Path, *extra) -> list[dict]:
     """Runs fn(rank, world, port, outdir, *extra) in `world` processes; returns
     each rank's JSON result (rank<r>.json), or fails the test on a hang."""
     import torch.multiprocessing as mp
 
     os.environ.update(NVLS_OFF)
-    port = _free_port()
+    port = free_port()
     ctx = mp.spawn(fn, args=(world, port, str(outdir), *extra), nprocs=world, join=False)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not ctx.join(timeout=1):
@@ -58,22 +47,10 @@ def _spawn(fn, world: int, outdir: Path, *extra) -> list[dict]:
 
 
 def _init(rank: int, world: int, port: int):
-    os.environ.update(NVLS_OFF)
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
-    # a rank that diverges must not wedge the others for NCCL's default 10 minutes
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        device_id=torch.device("cuda", rank),
-        timeout=timedelta(seconds=60),
-    )
+    init_local_group(rank, world, port)
     return torch, dist
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 from b12x import _core
 from b12x._core import DeclaredPlanIndex
+from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
 from b12x.comm.pcie import allreduce as ar
 from b12x.errors import ConfigError, UndeclaredPlanError
 
@@ -299,9 +300,7 @@ def _gloo_setup_worker(rank, world, port, outdir):
     import torch.distributed as dist
 
     os.environ["B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK"] = "1"
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
+    init_local_group(rank, world, port, backend="gloo")
     from b12x.comm.pcie.allreduce import AllReduce
 
     runtime = AllReduce(device=0)  # no GPU needed: setup fails before touching one
@@ -310,6 +309,7 @@ def _gloo_setup_worker(rank, world, port, outdir):
         "enabled": runtime.enabled,
         "reason": runtime.disabled_reason,
         "has_plan": runtime.has_plan_for(torch.empty(8)),
+        "nvls_off": all(os.environ.get(k) == v for k, v in NVLS_OFF.items()),
     }
     runtime.close()
     runtime.close()
@@ -326,18 +326,15 @@ def test_a_setup_failure_on_one_rank_disables_every_rank(tmp_path):
     """Without a driver every rank fails 'validate'; with one, rank 1's test hook
     fails 'allocate'. Either way no rank enables the runtime."""
     import json
-    import socket
 
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_gloo_setup_worker, args=(2, port, str(tmp_path)), nprocs=2, join=True)
+    mp.spawn(_gloo_setup_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["enabled"] is False and r["has_plan"] is False, r
         assert "failed on rank(s)" in r["reason"] and "1" in r["reason"], r
+        assert r["nvls_off"], "init_local_group keeps NVLink multicast off"
 
 
 # ------------------------------------------------------------- declare -> lookup wiring

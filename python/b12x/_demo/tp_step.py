@@ -5,7 +5,6 @@ all-reduce + a separate RMSNorm, eagerly and as CUDA graph replays."""
 
 from __future__ import annotations
 
-import socket
 import statistics
 import traceback
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from b12x._demo import StepResult
+from b12x.comm.local_group import free_port, init_local_group
 
 HIDDEN = 7168
 ATTN_OUT = 128 * 128  # heads x value head dim feeding o_proj (split over ranks)
@@ -20,12 +20,6 @@ EPS = 1e-6
 ROWS = (1, 4, 16)
 TIMEOUT_S = 120  # the whole layer step takes ~10 s on 2x H200
 ERROR_GRACE_S = 15
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tp_step(gpus: int | None = None) -> StepResult:
@@ -49,7 +43,7 @@ def tp_step(gpus: int | None = None) -> StepResult:
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
@@ -98,14 +92,7 @@ def _worker(rank: int, world: int, port: int, queue: Any) -> None:
     import torch.distributed as dist
 
     try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            device_id=torch.device("cuda", rank),
-        )
+        init_local_group(rank, world, port)
         queue.put((rank, _layer_step(rank, world), None))
     except Exception:
         queue.put((rank, None, traceback.format_exc()))

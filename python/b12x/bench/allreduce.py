@@ -16,19 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
 
 from b12x.bench.common import BenchResult
+from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
 
-NVLS_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 ONESHOT_BYTES = [8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
 EAGER_BYTES = [8 << 10, 64 << 10, 256 << 10]
 TWOSHOT_BYTES = [1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20, 32 << 20]
@@ -45,12 +40,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes (smoke test)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
     import torch.multiprocessing as mp
@@ -65,7 +54,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         out = Path(tmp, "rank0.json")
         mp.spawn(
             _worker,
-            args=(gpus, _free_port(), str(out), args.calls, args.samples, args.quick),
+            args=(gpus, free_port(), str(out), args.calls, args.samples, args.quick),
             nprocs=gpus,
             join=True,
         )
@@ -153,20 +142,12 @@ def _eager_samples(torch, fn, calls: int, samples: int) -> list[float]:
 
 
 def _worker(rank, world, port, out_path, calls, samples, quick):
-    os.environ.update(NVLS_OFF)
     import torch
     import torch.distributed as dist
 
     from b12x.comm.pcie.allreduce import AllReduce, Limits
 
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=world,
-        device_id=torch.device("cuda", rank),
-    )
+    init_local_group(rank, world, port)
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     bf16 = torch.bfloat16
