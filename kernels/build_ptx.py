@@ -5,6 +5,8 @@ The compiler is pinned: NVRTC 12.8 from PyPI (nvidia-cuda-nvrtc-cu12==12.8.93)
 with CUDA's headers from nvidia-cuda-runtime-cu12==12.8.90. NVRTC 12.8 emits
 PTX ISA 8.7, which every driver from 570 on loads; the baseline target is
 compute_89 (FP8 mma.sync), JIT-compiled by the driver for sm_90 and sm_120.
+Arch-specific modules (ARCH_SPECIFIC) sit beside the baseline, never instead
+of it: indexer_wgmma targets compute_90a (Hopper wgmma) and loads on sm_90 only.
 
     python kernels/build_ptx.py           # rewrite rust/cuda/ptx/*.ptx
     python kernels/build_ptx.py --check   # exit 1 if the committed PTX is stale
@@ -18,14 +20,22 @@ import importlib.util
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_wgmma  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 PTX_DIR = ROOT / "rust" / "cuda" / "ptx"
 ARCH = "compute_89"
+ARCH_SPECIFIC = {"indexer_wgmma": "compute_90a"}
 NVRTC_VERSION = (12, 8)
 # -lineinfo stays off: it embeds absolute source paths, which would make the
 # PTX depend on where the repository was cloned.
-OPTIONS = (f"--gpu-architecture={ARCH}", "--std=c++17", "-default-device", "--ftz=false")
+OPTIONS = ("--std=c++17", "-default-device", "--ftz=false")
+
+
+def arch_of(module: str) -> str:
+    return ARCH_SPECIFIC.get(module, ARCH)
 
 
 def _package_dir(name: str) -> Path:
@@ -54,7 +64,8 @@ def compile_one(nvrtc: ctypes.CDLL, source: Path, include_dirs: list[Path]) -> s
     rc = nvrtc.nvrtcCreateProgram(ctypes.byref(prog), text, source.name.encode(), 0, None, None)
     if rc:
         sys.exit(f"build_ptx: nvrtcCreateProgram({source.name}) failed: {rc}")
-    opts = [o.encode() for o in OPTIONS] + [f"-I{d}".encode() for d in include_dirs]
+    opts = [f"--gpu-architecture={arch_of(source.stem)}".encode()]
+    opts += [o.encode() for o in OPTIONS] + [f"-I{d}".encode() for d in include_dirs]
     argv = (ctypes.c_char_p * len(opts))(*opts)
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), argv)
     log_size = ctypes.c_size_t()
@@ -80,6 +91,12 @@ def main() -> int:
     parser.add_argument("only", nargs="*", help="module names (default: all kernels/*.cu)")
     args = parser.parse_args()
 
+    # The generated wgmma header is an input of the PTX: refresh or check it first.
+    if args.check and not gen_wgmma.is_fresh():
+        print("stale: kernels/wgmma_f16.cuh; run: python kernels/build_ptx.py", file=sys.stderr)
+        return 1
+    if not args.check:
+        gen_wgmma.write()
     nvrtc = load_nvrtc()
     include_dirs = [KERNELS, _package_dir("nvidia.cuda_runtime") / "include"]
     sources = sorted(KERNELS.glob("*.cu"))

@@ -28,7 +28,7 @@ struct ScoreParams {
     u32 width;                // page-table width in pages
     u32 chunk_start;          // first token of this chunk
     u32 chunk_len;            // tokens per chunk (the supertile)
-    u32 pages_per_cta;        // decode: pages one CTA scores
+    u32 pages_per_cta;        // pages one CTA scores (decode and wgmma scorers)
 };
 
 // Logit written for a token on an unmapped page (page id < 0): a NaN bit

@@ -4,7 +4,7 @@ Grid of spec §9: heads 16/32/48/64, topk 512/1024/2048, len 0, len < topk, a
 partial last page, several supertile chunks, unmapped (-1) pages, a padded
 page stride, page ids whose byte offset passes 2^31, a shared page table
 against the same table expanded, physical output, the two-stage top-k, exact
-ties and NaN, both MMA flavors, and CUDA-graph replay with rewritten
+ties and NaN, every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
 metadata. Comparisons go through ``reference.assert_topk_equivalent``
 (tie-aware: index sets match except for near-ties at the boundary).
 """
@@ -215,17 +215,56 @@ def test_negative_weights_and_nan_logits():
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
 
 
+def device_flavors():
+    """The MMA flavors this device runs: 1 = e4m3 mma.sync (native on sm_89 /
+    sm_120, driver-emulated on sm_90), 2 = f16 mma.sync, 3 = wgmma (sm_90 only)."""
+    return (1, 2, 3) if torch.cuda.get_device_capability() == (9, 0) else (1, 2)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
 @pytest.mark.parametrize("heads", [16, 48, 64])
-def test_both_mma_flavors(heads):
-    # e4m3 mma (native on sm_89 / sm_120, emulated by the driver on sm_90)
-    # and f16 mma, on decode and on shared-table prefill
+def test_scorer_logits_match_reference_per_flavor(mode, heads):
+    # The scorer's logits chunk itself (not only the top-k it feeds), per MMA
+    # flavor: a wrong operand layout shows here as the tokens and rows it hits.
+    rows, width = 9, 14  # 9 rows: two prefill CTAs of 4 rows and a ragged one
+    lengths = [width * PAGE - 37 * i for i in range(rows)]
+    inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 5)], seed=heads)
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
+    limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
+    plan = plan_for(inputs, 512, mode=mode, supertile=1024)  # one chunk
+    try:
+        for flavor in device_flavors():
+            _core._indexer_force_mma_flavor(flavor)
+            b, _, _ = bind_for(plan, inputs)
+            di.run(b)
+            torch.cuda.synchronize()
+            got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+            for r in range(rows):
+                live = slice(0, limits[r])
+                c = cand[r, live]
+                g, e = got[r, live], expected[r, live]
+                bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
+                assert not bool(bad.any()), (
+                    f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
+                    f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
+                )
+                skipped = g[~c].view(torch.int32)
+                assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
+    finally:
+        _core._indexer_force_mma_flavor(0)
+
+
+@pytest.mark.parametrize("heads", [16, 48, 64])
+def test_every_mma_flavor(heads):
+    # every flavor this device runs, on decode and on shared-table prefill
     rows, width = 70, 30
     lengths = [width * PAGE - 3 - i for i in range(rows)]
     lengths[0] = 0
     decode = make_case(rows, heads, width, lengths, seed=heads + 1)
     prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
     try:
-        for flavor in (1, 2):
+        for flavor in device_flavors():
             _core._indexer_force_mma_flavor(flavor)
             _, out, sc = run_case(decode, 512, supertile=1024)
             check(decode, 512, out, sc)

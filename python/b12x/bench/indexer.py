@@ -52,6 +52,8 @@ CASES = {
     )
 }
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
+# Test-hook codes of b12x._core._indexer_force_mma_flavor.
+FLAVORS = {"e4m3": 1, "f16": 2, "wgmma": 3}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,6 +61,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=50, help="timed replays per arm")
     p.add_argument("--torch-iters", type=int, default=10, help="timed replays of the torch arm")
     p.add_argument("--no-torch", action="store_true", help="skip the torch arm")
+    p.add_argument(
+        "--flavor-arms",
+        nargs="*",
+        default=[],
+        choices=sorted(FLAVORS),
+        help="extra b12x arms with the scorers' MMA flavor forced (e.g. f16 next to wgmma)",
+    )
 
 
 def make_inputs(case: Case, device: str = "cuda"):
@@ -195,6 +204,14 @@ def run(args: argparse.Namespace) -> BenchResult:
         b = result.add(
             name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
         )
+        for flavor in args.flavor_arms:
+            # the forced flavor is read at launch, i.e. while the graph is captured
+            _core._indexer_force_mma_flavor(FLAVORS[flavor])
+            try:
+                samples = time_graph_us(lambda b=binding: di.run(b), args.iters, flush)
+            finally:
+                _core._indexer_force_mma_flavor(0)
+            result.add(name, f"b12x_{flavor}", samples, **extra)
         if not args.no_torch:
             ref = {}
 

@@ -12,7 +12,7 @@ use std::sync::{Mutex, OnceLock};
 use cudarc::driver::{result, sys};
 
 use crate::error::{CudaError, DriverContext, ModuleLoadError, Result};
-use crate::ptx::{Kernel, MODULES, PTX_ISA, PTX_TARGET};
+use crate::ptx::{Kernel, PtxModule, MODULES, PTX_ISA};
 
 /// Device ordinals b12x can address (the store is a fixed array: lookups take no lock).
 pub const MAX_DEVICES: usize = 64;
@@ -32,8 +32,14 @@ unsafe impl Send for DeviceModules {}
 unsafe impl Sync for DeviceModules {}
 
 impl DeviceModules {
+    /// The kernel's handle; null when its module targets another architecture.
     pub fn function(&self, kernel: Kernel) -> sys::CUfunction {
         self.functions[kernel as usize]
+    }
+
+    /// Whether `kernel` was loaded (its module's target runs on this device).
+    pub fn has(&self, kernel: Kernel) -> bool {
+        !self.functions[kernel as usize].is_null()
     }
 }
 
@@ -226,16 +232,24 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
     let context = unsafe { result::primary_ctx::retain(dev) }
         .ctx("cuDevicePrimaryCtxRetain", || format!("cuda:{ordinal}"))?;
     let mut functions = [std::ptr::null_mut(); Kernel::COUNT];
+    let opt_in_shared = attribute(
+        dev,
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+    )?;
     with_context(context, || {
-        for module in MODULES {
-            let handle = load_module(module.name, module.ptx, &info)?;
+        // Arch-specific modules load only where their target runs; their
+        // kernels stay null elsewhere and launches of them are refused.
+        for module in MODULES.iter().filter(|m| m.target.runs_on(info.compute_capability)) {
+            let handle = load_module(module, &info)?;
             for &kernel in module.kernels {
                 let name = CString::new(kernel.symbol()).expect("kernel symbols have no NUL");
+                let at = || format!("cuda:{ordinal} ({})", kernel.symbol());
                 // SAFETY: handle is a freshly loaded module; name is NUL-terminated.
-                functions[kernel as usize] = unsafe { result::module::get_function(handle, name) }
-                    .ctx("cuModuleGetFunction", || {
-                        format!("cuda:{ordinal} ({})", kernel.symbol())
-                    })?;
+                let f = unsafe { result::module::get_function(handle, name) }
+                    .ctx("cuModuleGetFunction", at)?;
+                allow_opt_in_shared(f, opt_in_shared).ctx("cuFuncSetAttribute", at)?;
+                functions[kernel as usize] = f;
             }
         }
         Ok(())
@@ -249,7 +263,26 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
     })
 }
 
-fn load_module(name: &'static str, ptx: &str, info: &DeviceInfo) -> Result<sys::CUmodule> {
+/// Lets `f` take dynamic shared memory up to the device's opt-in limit (the
+/// default stops at 48 KiB). This only raises the cap: each launch still asks
+/// for what it uses, so occupancy is unchanged.
+fn allow_opt_in_shared(
+    f: sys::CUfunction,
+    opt_in: u32,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use sys::CUfunction_attribute::*;
+    let mut static_bytes: c_int = 0;
+    // SAFETY: f is a valid function handle; writes one int.
+    unsafe { sys::cuFuncGetAttribute(&mut static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, f) }
+        .result()?;
+    let dynamic = (opt_in as c_int - static_bytes).max(0);
+    // SAFETY: f is a valid function handle; the value is within the device limit.
+    unsafe { sys::cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic) }
+        .result()
+}
+
+fn load_module(ptx_module: &PtxModule, info: &DeviceInfo) -> Result<sys::CUmodule> {
+    let (name, ptx) = (ptx_module.name, ptx_module.ptx);
     let image = CString::new(ptx).expect("PTX text has no NUL");
     const LOG_BYTES: usize = 8192;
     let mut log = vec![0u8; LOG_BYTES];
@@ -278,7 +311,7 @@ fn load_module(name: &'static str, ptx: &str, info: &DeviceInfo) -> Result<sys::
             ordinal: info.ordinal,
             arch: format!("sm_{}{}", info.compute_capability.0, info.compute_capability.1),
             isa: PTX_ISA,
-            target: PTX_TARGET,
+            target: ptx_module.target.compute(),
             driver: driver_version()
                 .map(|(a, b)| format!("{a}.{b}"))
                 .unwrap_or_else(|_| "unknown".into()),

@@ -22,6 +22,9 @@ pub enum CudaError {
     #[error("b12x kernels are not loaded on cuda:{0}: make a plan (or prepare the op) for this device before running it")]
     NotLoaded(u32),
 
+    #[error("kernel {kernel} is built for {target} and cannot run on cuda:{ordinal} ({arch})")]
+    KernelUnavailable { kernel: &'static str, target: &'static str, ordinal: u32, arch: String },
+
     #[error("cuda:{ordinal} does not exist ({count} device(s) visible)")]
     NoSuchDevice { ordinal: u32, count: u32 },
 

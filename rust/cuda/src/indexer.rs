@@ -30,6 +30,12 @@ const PREFILL_THREADS: u32 = 256;
 const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
+/// The wgmma scorers (kernels/indexer_wgmma.cu): one warpgroup per CTA.
+const WGMMA_THREADS: u32 = 128;
+const WGMMA_STAGES: u32 = 4;
+const WGMMA_PREFILL_ROWS: u32 = 4;
+/// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
+const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 
 /// Which scorer reads the page table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,15 +55,44 @@ pub enum MmaFlavor {
     /// FP8 converted to f16 once, `mma.sync m16n8k16 .f16` (sm_90 has no
     /// native e4m3 `mma.sync`: it would unpack both operands per MMA).
     F16,
+    /// Hopper's warpgroup MMA on FP8 widened to f16 (`wgmma m64nNk16 .f16`,
+    /// sm_90a PTX): exact products and fp32 accumulation, which Hopper's FP8
+    /// wgmma does not keep (kernels/indexer_wgmma.cu).
+    Wgmma,
 }
 
 impl MmaFlavor {
     pub fn for_compute_capability(cc: (u32, u32)) -> Self {
         match cc {
             (8, 9) | (12, _) => MmaFlavor::E4m3,
+            (9, 0) => MmaFlavor::Wgmma,
             _ => MmaFlavor::F16,
         }
     }
+}
+
+/// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
+/// as f16, the ring's scales, the weights and the ring's page ids, plus 1 KiB
+/// to align the base (mirrors `WgSmem` in kernels/indexer_wgmma.cu; the
+/// kernel traps if given less).
+pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
+    let n = heads_padded * rows;
+    WGMMA_STAGES * PAGE_ROWS * HEAD_DIM
+        + n * HEAD_DIM * 2
+        + WGMMA_STAGES * PAGE_ROWS * 4
+        + n * 4
+        + WGMMA_STAGES * 4
+        + 1024
+}
+
+/// Pages one wgmma prefill CTA scores: the whole chunk when the row blocks
+/// alone fill two waves of resident CTAs, else the chunk split so they do.
+pub fn wgmma_prefill_pages_per_cta(rows: u32, supertile: u32, multiprocessors: u32) -> u32 {
+    let chunk_pages = (supertile / PAGE_ROWS).max(1);
+    let row_blocks = rows.div_ceil(WGMMA_PREFILL_ROWS).max(1);
+    let target = 2 * WGMMA_PREFILL_CTAS_PER_SM * multiprocessors.max(1);
+    let splits = target.div_ceil(row_blocks).clamp(1, chunk_pages);
+    chunk_pages.div_ceil(splits)
 }
 
 /// Everything one indexer call needs, as plain values.
@@ -259,6 +294,44 @@ fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
         (Route::SharedPrefill, MmaFlavor::F16, 2) => IndexerPrefillF16H32,
         (Route::SharedPrefill, MmaFlavor::F16, 3) => IndexerPrefillF16H48,
         (Route::SharedPrefill, MmaFlavor::F16, _) => IndexerPrefillF16H64,
+        (Route::PagedDecode, MmaFlavor::Wgmma, 1) => IndexerWgmmaDecodeH16,
+        (Route::PagedDecode, MmaFlavor::Wgmma, 2) => IndexerWgmmaDecodeH32,
+        (Route::PagedDecode, MmaFlavor::Wgmma, 3) => IndexerWgmmaDecodeH48,
+        (Route::PagedDecode, MmaFlavor::Wgmma, _) => IndexerWgmmaDecodeH64,
+        (Route::SharedPrefill, MmaFlavor::Wgmma, 1) => IndexerWgmmaPrefillH16,
+        (Route::SharedPrefill, MmaFlavor::Wgmma, 2) => IndexerWgmmaPrefillH32,
+        (Route::SharedPrefill, MmaFlavor::Wgmma, 3) => IndexerWgmmaPrefillH48,
+        (Route::SharedPrefill, MmaFlavor::Wgmma, _) => IndexerWgmmaPrefillH64,
+    }
+}
+
+/// Pages per CTA and launch shape of the scorer: static shapes only.
+fn scorer_config(l: &IndexerLaunch, flavor: MmaFlavor, sms: u32) -> (u32, LaunchConfig) {
+    let s = l.supertile;
+    let chunk_pages = s / PAGE_ROWS;
+    let heads_padded = l.heads.div_ceil(16) * 16;
+    match (l.route, flavor) {
+        (Route::PagedDecode, MmaFlavor::Wgmma) => {
+            let ppc = decode_pages_per_cta(l.rows, s, sms);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, 1);
+            let grid = (l.rows, chunk_pages.div_ceil(ppc), 1);
+            (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
+        }
+        (Route::SharedPrefill, MmaFlavor::Wgmma) => {
+            let ppc = wgmma_prefill_pages_per_cta(l.rows, s, sms);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS);
+            let grid = (l.rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
+            (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
+        }
+        (Route::PagedDecode, _) => {
+            let ppc = decode_pages_per_cta(l.rows, s, sms);
+            let grid = (l.rows, chunk_pages.div_ceil(ppc), 1);
+            (ppc, LaunchConfig { grid, block: (DECODE_THREADS, 1, 1), shared_bytes: 0 })
+        }
+        (Route::SharedPrefill, _) => {
+            let grid = (s / PREFILL_TOKENS, l.rows.div_ceil(PREFILL_ROWS), 1);
+            (0, LaunchConfig { grid, block: (PREFILL_THREADS, 1, 1), shared_bytes: 0 })
+        }
     }
 }
 
@@ -281,20 +354,8 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
     let sms = modules.multiprocessors;
     let s = l.supertile;
     let chunks = num_chunks(l.width, s).max(1);
-    let pages_per_cta = decode_pages_per_cta(l.rows, s, sms);
     let score_kernel = scorer(l.route, flavor, l.heads);
-    let score_config = match l.route {
-        Route::PagedDecode => LaunchConfig {
-            grid: (l.rows, (s / PAGE_ROWS).div_ceil(pages_per_cta), 1),
-            block: (DECODE_THREADS, 1, 1),
-            shared_bytes: 0,
-        },
-        Route::SharedPrefill => LaunchConfig {
-            grid: (s / PREFILL_TOKENS, l.rows.div_ceil(PREFILL_ROWS), 1),
-            block: (PREFILL_THREADS, 1, 1),
-            shared_bytes: 0,
-        },
-    };
+    let (pages_per_cta, score_config) = scorer_config(l, flavor, sms);
     let slices = l.topk_slices;
     let mut tp = TopkParams {
         logits: l.logits,
@@ -394,8 +455,19 @@ mod tests {
     }
 
     #[test]
+    fn wgmma_shapes() {
+        // 64 heads: 4 x 8 KiB ring + f16 Q + 1 KiB scales + weights + ids + 1 KiB alignment.
+        assert_eq!(wgmma_shared_bytes(64, 1), 32768 + 16384 + 1024 + 256 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4), 32768 + 65536 + 1024 + 1024 + 16 + 1024);
+        // 1024 row blocks fill the SMs: one split; 16 row blocks: the chunk is split.
+        assert_eq!(wgmma_prefill_pages_per_cta(4096, 32768, 132), 512);
+        assert_eq!(wgmma_prefill_pages_per_cta(64, 32768, 132), 16);
+        assert_eq!(wgmma_prefill_pages_per_cta(1, 512, 132), 1);
+    }
+
+    #[test]
     fn flavor_by_arch() {
-        assert_eq!(MmaFlavor::for_compute_capability((9, 0)), MmaFlavor::F16);
+        assert_eq!(MmaFlavor::for_compute_capability((9, 0)), MmaFlavor::Wgmma);
         assert_eq!(MmaFlavor::for_compute_capability((12, 0)), MmaFlavor::E4m3);
         assert_eq!(MmaFlavor::for_compute_capability((8, 9)), MmaFlavor::E4m3);
         assert_eq!(MmaFlavor::for_compute_capability((10, 0)), MmaFlavor::F16);

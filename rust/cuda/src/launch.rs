@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use cudarc::driver::sys;
 
 use crate::device::{loaded, with_context};
-use crate::error::{DriverContext, Result};
+use crate::error::{CudaError, DriverContext, Result};
 use crate::ptx::Kernel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +47,15 @@ pub unsafe fn launch(
     params: &mut [*mut c_void],
 ) -> Result<()> {
     let modules = loaded(ordinal)?;
+    if !modules.has(kernel) {
+        let (major, minor) = modules.compute_capability;
+        return Err(CudaError::KernelUnavailable {
+            kernel: kernel.symbol(),
+            target: kernel.module().target.ptx_target(),
+            ordinal,
+            arch: format!("sm_{major}{minor}"),
+        });
+    }
     let f = modules.function(kernel);
     with_context(modules.context, || {
         // SAFETY: forwarded from this function's contract.

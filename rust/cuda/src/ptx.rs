@@ -4,18 +4,60 @@
 //! add a module here with the `modules!` table and its kernels become
 //! `Kernel` variants, loaded together per device.
 
-/// What the embedded PTX was built for (kept in step with kernels/build_ptx.py).
+/// What the baseline PTX was built for (kept in step with kernels/build_ptx.py).
 pub const PTX_TARGET: &str = "compute_89";
 pub const PTX_ISA: &str = "8.7";
 
+/// Which devices a module's PTX can be JIT-compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// compute_89: every device from sm_89 on (sm_90, sm_100, sm_120, ...).
+    Baseline,
+    /// compute_90a: Hopper only (wgmma); arch-specific PTX does not carry forward.
+    Sm90a,
+}
+
+impl Target {
+    /// The NVRTC architecture the module was compiled for.
+    pub const fn compute(self) -> &'static str {
+        match self {
+            Target::Baseline => PTX_TARGET,
+            Target::Sm90a => "compute_90a",
+        }
+    }
+
+    /// The `.target` line of the module's PTX.
+    pub const fn ptx_target(self) -> &'static str {
+        match self {
+            Target::Baseline => "sm_89",
+            Target::Sm90a => "sm_90a",
+        }
+    }
+
+    pub fn runs_on(self, cc: (u32, u32)) -> bool {
+        match self {
+            Target::Baseline => cc >= (8, 9),
+            Target::Sm90a => cc == (9, 0),
+        }
+    }
+}
+
 pub struct PtxModule {
     pub name: &'static str,
+    pub target: Target,
     pub ptx: &'static str,
     pub kernels: &'static [Kernel],
 }
 
+impl Kernel {
+    /// The module that exports this kernel.
+    pub fn module(self) -> &'static PtxModule {
+        MODULES.iter().find(|m| m.kernels.contains(&self)).expect("every kernel has a module")
+    }
+}
+
 macro_rules! modules {
-    ($($module:ident => [$($kernel:ident = $symbol:literal),* $(,)?]),* $(,)?) => {
+    ($($module:ident: $target:ident => [$($kernel:ident = $symbol:literal),* $(,)?]),* $(,)?) => {
         /// Every kernel b12x launches, by the symbol its module exports.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(usize)]
@@ -32,6 +74,7 @@ macro_rules! modules {
 
         pub const MODULES: &[PtxModule] = &[$(PtxModule {
             name: stringify!($module),
+            target: Target::$target,
             ptx: include_str!(concat!("../ptx/", stringify!($module), ".ptx")),
             kernels: &[$(Kernel::$kernel,)*],
         },)*];
@@ -39,8 +82,8 @@ macro_rules! modules {
 }
 
 modules! {
-    topk_pad => [FillTopkPadding = "b12x_fill_topk_padding"],
-    allreduce => [
+    topk_pad: Baseline => [FillTopkPadding = "b12x_fill_topk_padding"],
+    allreduce: Baseline => [
         ArOneShotF16 = "b12x_allreduce_oneshot_f16",
         ArOneShotBF16 = "b12x_allreduce_oneshot_bf16",
         ArOneShotF32 = "b12x_allreduce_oneshot_f32",
@@ -56,7 +99,7 @@ modules! {
         ArTwoShotBF16 = "b12x_allreduce_twoshot_bf16",
         ArTwoShotPushBF16 = "b12x_allreduce_twoshot_push_bf16",
     ],
-    indexer_decode => [
+    indexer_decode: Baseline => [
         IndexerDecodeE4m3H16 = "b12x_indexer_decode_e4m3_h16",
         IndexerDecodeE4m3H32 = "b12x_indexer_decode_e4m3_h32",
         IndexerDecodeE4m3H48 = "b12x_indexer_decode_e4m3_h48",
@@ -66,7 +109,7 @@ modules! {
         IndexerDecodeF16H48 = "b12x_indexer_decode_f16_h48",
         IndexerDecodeF16H64 = "b12x_indexer_decode_f16_h64",
     ],
-    indexer_prefill => [
+    indexer_prefill: Baseline => [
         IndexerPrefillE4m3H16 = "b12x_indexer_prefill_e4m3_h16",
         IndexerPrefillE4m3H32 = "b12x_indexer_prefill_e4m3_h32",
         IndexerPrefillE4m3H48 = "b12x_indexer_prefill_e4m3_h48",
@@ -76,10 +119,20 @@ modules! {
         IndexerPrefillF16H48 = "b12x_indexer_prefill_f16_h48",
         IndexerPrefillF16H64 = "b12x_indexer_prefill_f16_h64",
     ],
-    indexer_topk => [
+    indexer_topk: Baseline => [
         IndexerTopkFold = "b12x_indexer_topk_fold",
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
+    ],
+    indexer_wgmma: Sm90a => [
+        IndexerWgmmaDecodeH16 = "b12x_indexer_wgmma_decode_h16",
+        IndexerWgmmaDecodeH32 = "b12x_indexer_wgmma_decode_h32",
+        IndexerWgmmaDecodeH48 = "b12x_indexer_wgmma_decode_h48",
+        IndexerWgmmaDecodeH64 = "b12x_indexer_wgmma_decode_h64",
+        IndexerWgmmaPrefillH16 = "b12x_indexer_wgmma_prefill_h16",
+        IndexerWgmmaPrefillH32 = "b12x_indexer_wgmma_prefill_h32",
+        IndexerWgmmaPrefillH48 = "b12x_indexer_wgmma_prefill_h48",
+        IndexerWgmmaPrefillH64 = "b12x_indexer_wgmma_prefill_h64",
     ],
 }
 
@@ -87,8 +140,8 @@ modules! {
 mod tests {
     use super::*;
 
-    /// Every embedded module is PTX ISA 8.7 for sm_89 (the driver >= 570 promise)
-    /// and exports every kernel the table says it does.
+    /// Every embedded module is PTX ISA 8.7 (the driver >= 570 promise) for
+    /// its declared target, and exports every kernel the table says it does.
     #[test]
     fn embedded_ptx_headers_match_the_pinned_target() {
         for module in MODULES {
@@ -97,12 +150,21 @@ mod tests {
                 "{}: wrong .version",
                 module.name
             );
-            assert!(module.ptx.contains("\n.target sm_89"), "{}: wrong .target", module.name);
+            let target = format!("\n.target {}\n", module.target.ptx_target());
+            assert!(module.ptx.contains(&target), "{}: wrong .target", module.name);
             for kernel in module.kernels {
                 let entry = format!(".entry {}(", kernel.symbol());
                 assert!(module.ptx.contains(&entry), "{}: no {}", module.name, entry);
             }
         }
+    }
+
+    #[test]
+    fn targets_by_arch() {
+        assert!(Target::Baseline.runs_on((8, 9)) && Target::Baseline.runs_on((12, 0)));
+        assert!(!Target::Baseline.runs_on((8, 6)));
+        assert!(Target::Sm90a.runs_on((9, 0)));
+        assert!(!Target::Sm90a.runs_on((10, 0)) && !Target::Sm90a.runs_on((12, 0)));
     }
 
     #[test]

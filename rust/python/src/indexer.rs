@@ -29,8 +29,8 @@ const SCRATCH_NAME: &str = "paged_indexer.scratch";
 /// The GPU kernels are wired into [`run_cuda`]; `dsa_indexer.is_supported()` reads it.
 const KERNELS_WIRED: bool = true;
 
-/// Test hook: 0 = each device's own MMA flavor, 1 = force e4m3, 2 = force f16
-/// (lets an sm_90 test run the e4m3 kernels that sm_89 / sm_120 use).
+/// Test hook: 0 = each device's own MMA flavor, 1 = force e4m3, 2 = force f16,
+/// 3 = force wgmma (lets an sm_90 test run the kernels other devices use).
 static FORCED_MMA_FLAVOR: AtomicU8 = AtomicU8::new(0);
 
 static PLANS: LazyLock<InternCache<Caps, Py<PyPlan>>> = LazyLock::new(InternCache::new);
@@ -779,6 +779,7 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
         flavor: match FORCED_MMA_FLAVOR.load(Ordering::Relaxed) {
             1 => Some(MmaFlavor::E4m3),
             2 => Some(MmaFlavor::F16),
+            3 => Some(MmaFlavor::Wgmma),
             _ => None,
         },
         rows: args.rows,
@@ -812,7 +813,7 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     Ok(())
 }
 
-/// Test hook: force the scorers' MMA flavor (0 = the device's, 1 = e4m3, 2 = f16).
+/// Test hook: force the scorers' MMA flavor (0 = the device's, 1 = e4m3, 2 = f16, 3 = wgmma).
 #[pyfunction]
 fn _indexer_force_mma_flavor(flavor: u8) {
     FORCED_MMA_FLAVOR.store(flavor, Ordering::Relaxed);

@@ -1,0 +1,304 @@
+// Hopper (sm_90a) scorers: warpgroup MMAs (wgmma) for both routes.
+//
+// Same contract as indexer_decode.cu / indexer_prefill.cu (ScoreParams, the
+// logits chunk, the live-length rule, "not a candidate" for unmapped pages);
+// only the arithmetic engine differs. This module is built for compute_90a
+// and loads on sm_90 only; every other device keeps the compute_89 baseline.
+//
+// Why f16 and not the FP8 wgmma: Hopper's FP8 wgmma does not keep a full
+// fp32 accumulation (measured on an H200: logits off by ~2.5e-4 relative,
+// outside the fp32 reference's tolerance), while every e4m3 value is an f16
+// value and f16 wgmma products are exact with fp32 accumulation. So the FP8
+// bytes are widened to f16 on the way into the MMA: Q once per CTA, K per
+// page in registers.
+//
+// One CTA is one warpgroup (128 threads) owning ROWS query rows and a range
+// of page-table columns. Per page (64 tokens):
+//   * the K page streams into a STAGES-deep shared-memory ring with cp.async;
+//     each warp converts its 16 tokens to f16 A fragments in registers;
+//   * the rows' Q (ROWS x NH heads) sits in shared memory as f16 in the
+//     128-byte-swizzled K-major layout wgmma reads: the B operand, N = ROWS * NH;
+//   * eight m64nNk16 wgmmas give the 64 tokens x N (row, head) dot products;
+//     relu * weight, summed over heads (per thread, then across the 4 lanes
+//     of a quad), times the token's scale, is the logit.
+// Decode uses ROWS = 1 and the row's own page-table row; prefill uses ROWS = 4
+// over the shared row. Two or more CTAs per SM keep the tensor cores busy
+// while another CTA runs its epilogue.
+//
+// The 128 dims are taken in a permuted order (any one permutation applied to
+// both operands leaves the dot product unchanged): logical dims 16s + 2t + e
+// and 16s + 8 + 2t + e (k step s, lane t = lane % 4, e = 0, 1) are bytes
+// 32t + 4s + e and 32t + 4s + 2 + e. Then the A fragment of step s is word s
+// of the lane's 32 bytes of a token row, widened by one cvt per half.
+#include "indexer_common.cuh"
+#include "wgmma_f16.cuh"
+
+#define WG_THREADS 128
+#define WG_STAGES 4
+#define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
+#define WG_PREFILL_ROWS 4
+
+// Shared-memory plan (dynamic, carved from a 1024-byte aligned base: the
+// 128-byte swizzle repeats every 8 rows = 1024 bytes, and the matrix
+// descriptors assume atoms start on that boundary). The host sizes the
+// allocation with the same formula (rust/cuda/src/indexer.rs).
+//   K: the FP8 page ring; Q: f16 B operand, two halves of 64 dims, each
+//   [N rows][128 bytes]; then scales, weights and page ids.
+template <int NH, int ROWS>
+struct WgSmem {
+    static constexpr u32 N = ROWS * NH;
+    static constexpr u32 K = 0;
+    static constexpr u32 Q = K + WG_STAGES * WG_TILE_BYTES;
+    static constexpr u32 Q_HALF = N * 128;
+    static constexpr u32 SCALE = Q + 2 * Q_HALF;
+    static constexpr u32 W = SCALE + WG_STAGES * IDX_PAGE_ROWS * 4;
+    static constexpr u32 PID = W + ROWS * NH * 4;
+    static constexpr u32 BYTES = PID + WG_STAGES * 4;
+};
+
+__device__ __forceinline__ u32 wg_smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void wg_cp_async16(u32 dst, const void* src, u32 src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void wg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void wg_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Shared-memory stores are generic-proxy writes; wgmma reads B through the
+// async proxy. Each writer fences after its stores, before the barrier.
+__device__ __forceinline__ void wg_fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// Byte offset of 16-byte chunk `chunk` of 128-byte row `row` in the
+// 128-byte-swizzled layout: chunk index XOR (row mod 8).
+__device__ __forceinline__ u32 sw128(u32 row, u32 chunk) {
+    return row * IDX_HEAD_DIM + ((chunk ^ (row & 7)) << 4);
+}
+
+// K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024
+// bytes apart (stride byte offset); the leading byte offset is unused when a
+// k step (16 f16 = 32 bytes) stays inside the swizzle width.
+__device__ __forceinline__ u64 wg_desc(u32 smem_byte_addr) {
+    return (u64)((smem_byte_addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)1 << 62);
+}
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+// Starts the copy of one K page (tokens and scales) into ring stage `stage`;
+// an unmapped page copies nothing. Thread 0 records the page id for the
+// consumers (read after the barrier that follows the copy).
+template <int NH, int ROWS>
+__device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u32 stage, i32 pid) {
+    using L = WgSmem<NH, ROWS>;
+    const u32 tid = threadIdx.x;
+    if (pid >= 0) {
+        const u8* src = p.kcache + (u64)pid * p.page_stride;
+        const u32 dst = wg_smem_addr(smem + L::K + stage * WG_TILE_BYTES);
+#pragma unroll
+        for (u32 c = tid; c < WG_TILE_BYTES / 16; c += WG_THREADS)
+            wg_cp_async16(dst + sw128(c >> 3, c & 7), src + c * 16, 16);
+        if (tid < IDX_PAGE_ROWS * 4 / 16)
+            wg_cp_async16(wg_smem_addr(smem + L::SCALE + stage * IDX_PAGE_ROWS * 4) + tid * 16,
+                          src + IDX_SCALE_OFFSET + tid * 16, 16);
+    }
+    if (tid == 0) reinterpret_cast<i32*>(smem + L::PID)[stage] = pid;
+}
+
+// Q of the CTA's rows as the f16 B operand (see the permutation above): FP8
+// chunk i of a row (bytes 16i..16i+15: lane t = i / 2, steps 4(i % 2)..+3)
+// lands in half i % 2; its word w widens to the f16 pairs of logical dims
+// 16s + 2t (16-byte chunk 2w of the half row) and 16s + 8 + 2t (chunk 2w + 1),
+// s = 4(i % 2) + w, each at byte 4t of its chunk. Padded heads / rows are 0.
+template <int NH, int ROWS>
+__device__ __forceinline__ void wg_stage_q(const ScoreParams& p, u8* smem, u32 row0) {
+    using L = WgSmem<NH, ROWS>;
+#pragma unroll 4
+    for (u32 c = threadIdx.x; c < L::N * 8; c += WG_THREADS) {
+        const u32 n = c >> 3, i = c & 7;
+        const u32 rr = n / NH, h = n % NH, row = row0 + rr;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (row < p.rows && h < p.heads)
+            v = __ldg(reinterpret_cast<const uint4*>(p.q + ((u64)row * p.heads + h) * IDX_HEAD_DIM +
+                                                     i * 16));
+        u8* half = smem + L::Q + (i & 1) * L::Q_HALF;
+        const u32 t = i >> 1;
+        const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (u32 w = 0; w < 4; ++w) {
+            u32 lo, hi;
+            cvt_e4m3x4(words[w], lo, hi);
+            *reinterpret_cast<u32*>(half + sw128(n, 2 * w) + 4 * t) = lo;
+            *reinterpret_cast<u32*>(half + sw128(n, 2 * w + 1) + 4 * t) = hi;
+        }
+    }
+}
+
+template <int NH, int ROWS>
+__device__ __forceinline__ void wg_score(const ScoreParams& p) {
+    using L = WgSmem<NH, ROWS>;
+    constexpr int N = L::N;
+    using Mma = WgmmaF16<N>;
+    constexpr int REGS = Mma::REGS;
+
+    extern __shared__ __align__(16) u8 smem_raw[];
+    u8* smem = smem_raw + ((1024 - (wg_smem_addr(smem_raw) & 1023)) & 1023);
+    if (dynamic_smem_bytes() < L::BYTES + 1024) __trap();  // host/kernel layout drift
+
+    const u32 tid = threadIdx.x;
+    const u32 row0 = blockIdx.x * ROWS;
+
+    // Live tokens of each row inside this chunk; the CTA stops at the longest.
+    u32 n_chunk[ROWS];
+    u32 max_chunk = 0;
+#pragma unroll
+    for (int rr = 0; rr < ROWS; ++rr) {
+        const u32 row = row0 + rr;
+        const u32 live =
+            row < p.rows ? idx_live_tokens(p.lengths, p.active_width, row, p.width) : 0u;
+        n_chunk[rr] = live > p.chunk_start ? min(live - p.chunk_start, p.chunk_len) : 0u;
+        max_chunk = max(max_chunk, n_chunk[rr]);
+    }
+    const u32 chunk_pages = (max_chunk + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
+    const u32 page0 = blockIdx.y * p.pages_per_cta;
+    if (page0 >= chunk_pages) return;  // CTA-uniform
+    const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
+    const i32* pt = p.page_table + (u64)row0 * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+
+    // The first pages' copies run while Q is widened.
+#pragma unroll
+    for (u32 s = 0; s < WG_STAGES - 1; ++s) {
+        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
+        wg_cp_async_commit();
+    }
+    wg_stage_q<NH, ROWS>(p, smem, row0);
+    float* ws = reinterpret_cast<float*>(smem + L::W);
+    for (u32 i = tid; i < N; i += WG_THREADS) {
+        const u32 rr = i / NH, h = i % NH, row = row0 + rr;
+        ws[i] = row < p.rows && h < p.heads ? p.weights[(u64)row * p.heads + h] : 0.0f;
+    }
+    wg_fence_proxy_async();  // Q, read by wgmma after the first barrier below
+
+    const u32 lane = tid & 31, warp = tid >> 5;
+    const u32 gid = lane >> 2, tig = lane & 3;
+    const u32 t_lo = 16 * warp + gid;  // this lane's tokens: t_lo and t_lo + 8
+    const float skip = idx_not_candidate();
+    const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
+    const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
+    const u32 q_base = wg_smem_addr(smem + L::Q);
+
+    for (u32 i = page0; i < page_end; ++i) {
+        const u32 idx = i - page0, stage = idx % WG_STAGES;
+        wg_cp_async_wait<WG_STAGES - 2>();  // this page's copy (one group per page)
+        __syncthreads();  // ... from every thread; and the previous stage is free
+        const u32 ahead = i + WG_STAGES - 1;
+        if (ahead < page_end)
+            wg_issue_page<NH, ROWS>(p, smem, (idx + WG_STAGES - 1) % WG_STAGES, pt[ahead]);
+        wg_cp_async_commit();
+
+        const i32 pid = pids[stage];
+        const u32 tok0 = i * IDX_PAGE_ROWS;  // chunk-local
+        if (pid >= 0) {
+            // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows t_lo, t_lo + 8.
+            const u8* ks = smem + L::K + stage * WG_TILE_BYTES;
+            const uint4 r0a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig));
+            const uint4 r0b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig + 1));
+            const uint4 r1a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig));
+            const uint4 r1b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig + 1));
+            const u32 w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
+            const u32 w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
+            u32 a[8][4];
+#pragma unroll
+            for (int s = 0; s < 8; ++s) {
+                cvt_e4m3x4(w0[s], a[s][0], a[s][2]);
+                cvt_e4m3x4(w1[s], a[s][1], a[s][3]);
+            }
+            float d[REGS];
+            wgmma_fence();
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+                Mma::mma(d, a[s], wg_desc(q_base + (s >> 2) * L::Q_HALF + 32 * (s & 3)), s > 0);
+            wgmma_commit();
+            wgmma_wait_all();
+            Mma::fence_operands(d);
+
+            float lo[ROWS], hi[ROWS];
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) lo[rr] = hi[rr] = 0.0f;
+            // Column 8j + 2 tig + e is (row (8j) / NH, head (8j) % NH + 2 tig + e).
+#pragma unroll
+            for (int j = 0; j < N / 8; ++j) {
+                const int rr = (8 * j) / NH;
+                const float2 w = *reinterpret_cast<const float2*>(ws + 8 * j + 2 * tig);
+                lo[rr] = fmaf(relu_nan(d[4 * j]), w.x, lo[rr]);
+                lo[rr] = fmaf(relu_nan(d[4 * j + 1]), w.y, lo[rr]);
+                hi[rr] = fmaf(relu_nan(d[4 * j + 2]), w.x, hi[rr]);
+                hi[rr] = fmaf(relu_nan(d[4 * j + 3]), w.y, hi[rr]);
+            }
+            const float s_lo = scales[stage * IDX_PAGE_ROWS + t_lo];
+            const float s_hi = scales[stage * IDX_PAGE_ROWS + t_lo + 8];
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) {
+                lo[rr] += __shfl_xor_sync(0xffffffffu, lo[rr], 1);
+                hi[rr] += __shfl_xor_sync(0xffffffffu, hi[rr], 1);
+                lo[rr] += __shfl_xor_sync(0xffffffffu, lo[rr], 2);
+                hi[rr] += __shfl_xor_sync(0xffffffffu, hi[rr], 2);
+            }
+            // 2 * ROWS values per quad, [lo0, hi0, lo1, hi1, ...]: lane tig stores v = tig (mod 4).
+#pragma unroll
+            for (int v = 0; v < 2 * ROWS; ++v) {
+                if ((v & 3) != (int)tig) continue;
+                const int rr = v / 2;
+                const u32 t = tok0 + t_lo + 8 * (v & 1);
+                if (t < n_chunk[rr]) {
+                    float* out = p.logits + (u64)(row0 + rr) * p.logits_row_stride;
+                    out[t] = (v & 1) ? hi[rr] * s_hi : lo[rr] * s_lo;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) {
+                const u32 t = tok0 + (tid & (IDX_PAGE_ROWS - 1));
+                if ((tid >> 6) == (u32)(rr & 1) && t < n_chunk[rr]) {
+                    float* out = p.logits + (u64)(row0 + rr) * p.logits_row_stride;
+                    out[t] = skip;
+                }
+            }
+        }
+    }
+    wg_cp_async_wait<0>();  // nothing in flight at exit
+}
+
+#define WGMMA_KERNELS(HEADS)                                                        \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
+        b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
+        wg_score<HEADS, 1>(p);                                                      \
+    }                                                                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
+        b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
+        wg_score<HEADS, WG_PREFILL_ROWS>(p);                                        \
+    }
+
+WGMMA_KERNELS(16)
+WGMMA_KERNELS(32)
+WGMMA_KERNELS(48)
+WGMMA_KERNELS(64)
