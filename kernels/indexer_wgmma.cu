@@ -34,7 +34,9 @@
 #include "wgmma_f16.cuh"
 
 #define WG_THREADS 128
-#define WG_STAGES 4
+// K ring depth: decode is bound by HBM latency (deeper), prefill by the MMA.
+#define WG_DECODE_STAGES 4
+#define WG_PREFILL_STAGES 4
 #define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
 #define WG_PREFILL_ROWS 4
 
@@ -47,13 +49,14 @@
 template <int NH, int ROWS>
 struct WgSmem {
     static constexpr u32 N = ROWS * NH;
+    static constexpr u32 STAGES = ROWS == 1 ? WG_DECODE_STAGES : WG_PREFILL_STAGES;
     static constexpr u32 K = 0;
-    static constexpr u32 Q = K + WG_STAGES * WG_TILE_BYTES;
+    static constexpr u32 Q = K + STAGES * WG_TILE_BYTES;
     static constexpr u32 Q_HALF = N * 128;
     static constexpr u32 SCALE = Q + 2 * Q_HALF;
-    static constexpr u32 W = SCALE + WG_STAGES * IDX_PAGE_ROWS * 4;
+    static constexpr u32 W = SCALE + STAGES * IDX_PAGE_ROWS * 4;
     static constexpr u32 PID = W + ROWS * NH * 4;
-    static constexpr u32 BYTES = PID + WG_STAGES * 4;
+    static constexpr u32 BYTES = PID + STAGES * 4;
 };
 
 __device__ __forceinline__ u32 wg_smem_addr(const void* p) {
@@ -186,7 +189,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
 
     // The first pages' copies run while Q is widened.
 #pragma unroll
-    for (u32 s = 0; s < WG_STAGES - 1; ++s) {
+    for (u32 s = 0; s < L::STAGES - 1; ++s) {
         if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
         wg_cp_async_commit();
     }
@@ -207,12 +210,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const u32 q_base = wg_smem_addr(smem + L::Q);
 
     for (u32 i = page0; i < page_end; ++i) {
-        const u32 idx = i - page0, stage = idx % WG_STAGES;
-        wg_cp_async_wait<WG_STAGES - 2>();  // this page's copy (one group per page)
+        const u32 idx = i - page0, stage = idx % L::STAGES;
+        wg_cp_async_wait<L::STAGES - 2>();  // this page's copy (one group per page)
         __syncthreads();  // ... from every thread; and the previous stage is free
-        const u32 ahead = i + WG_STAGES - 1;
+        const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
-            wg_issue_page<NH, ROWS>(p, smem, (idx + WG_STAGES - 1) % WG_STAGES, pt[ahead]);
+            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
         wg_cp_async_commit();
 
         const i32 pid = pids[stage];

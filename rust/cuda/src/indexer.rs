@@ -32,7 +32,9 @@ const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
 /// The wgmma scorers (kernels/indexer_wgmma.cu): one warpgroup per CTA.
 const WGMMA_THREADS: u32 = 128;
-const WGMMA_STAGES: u32 = 4;
+/// K ring depth of the decode and prefill wgmma scorers (WG_*_STAGES).
+const WGMMA_DECODE_STAGES: u32 = 4;
+const WGMMA_PREFILL_STAGES: u32 = 4;
 const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
@@ -77,11 +79,12 @@ impl MmaFlavor {
 /// kernel traps if given less).
 pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
     let n = heads_padded * rows;
-    WGMMA_STAGES * PAGE_ROWS * HEAD_DIM
+    let stages = if rows == 1 { WGMMA_DECODE_STAGES } else { WGMMA_PREFILL_STAGES };
+    stages * PAGE_ROWS * HEAD_DIM
         + n * HEAD_DIM * 2
-        + WGMMA_STAGES * PAGE_ROWS * 4
+        + stages * PAGE_ROWS * 4
         + n * 4
-        + WGMMA_STAGES * 4
+        + stages * 4
         + 1024
 }
 
