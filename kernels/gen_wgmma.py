@@ -18,23 +18,35 @@ WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256)
 def wrapper(n: int) -> str:
     regs = n // 2
     dlist = ", ".join(f"%{i}" for i in range(regs))
-    outs = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
     fences = "".join(f' "+f"(d[{i}])' + ("," if i < regs - 1 else "") for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
+    def asm(scale_d: int) -> str:
+        return (
+            f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "\n'
+            f'            "{{{dlist}}}, {{{a}}}, %{regs + 4}, {scale_d}, 1, 1, 0;\\n"'
+        )
+
+    def operands(out: str) -> str:
+        regs_out = ", ".join(f'"{out}"(d[{i}])' for i in range(regs))
+        return f""": {regs_out}
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));"""
     return f"""
 template <>
 struct WgmmaF16<{n}> {{
     static constexpr int REGS = {regs};
-    // d (+)= A . B^T over one k16 step; accumulate = 0 overwrites d. A is this
-    // thread's m16n8k16-style fragment (4 f16x2 words), B a descriptor.
-    static __device__ __forceinline__ void mma(float (&d)[{regs}], const u32 (&a)[4], u64 desc_b,
-                                               u32 accumulate) {{
+    // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
+    // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
+    // words), B a shared-memory descriptor.
+    static __device__ __forceinline__ void mma_first(float (&d)[{regs}], const u32 (&a)[4], u64 desc_b) {{
         asm volatile(
-            "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 5}, 0;\\n"
-            "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "
-            "{{{dlist}}}, {{{a}}}, %{regs + 4}, p, 1, 1, 0;\\n}}\\n"
-            : {outs}
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+            {asm(0)}
+            {operands("=f")}
+    }}
+    // d += A . B^T over one k16 step.
+    static __device__ __forceinline__ void mma(float (&d)[{regs}], const u32 (&a)[4], u64 desc_b) {{
+        asm volatile(
+            {asm(1)}
+            {operands("+f")}
     }}
     // Pins the accumulators at this point: no read or write of d moves across.
     static __device__ __forceinline__ void fence_operands(float (&d)[{regs}]) {{

@@ -13,7 +13,11 @@
 // page in registers.
 //
 // One CTA is one warpgroup (128 threads) owning ROWS query rows and a range
-// of page-table columns. Per page (64 tokens):
+// of page-table columns. The work is a sequence of units, a page's tokens
+// against all the CTA's columns (decode) or half of them (prefill, SPLIT = 2),
+// software-pipelined: the MMAs of the next unit are issued before the
+// epilogue of the current one, so the tensor cores run while the warps do
+// relu * weight. Per page (64 tokens):
 //   * the K page streams into a STAGES-deep shared-memory ring with cp.async;
 //     each warp converts its 16 tokens to f16 A fragments in registers;
 //   * the rows' Q (ROWS x NH heads) sits in shared memory as f16 in the
@@ -39,6 +43,13 @@
 #define WG_PREFILL_STAGES 4
 #define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
 #define WG_PREFILL_ROWS 4
+// Pages per software-pipelined window (the last unit of a window does not
+// overlap an MMA; longer windows waste more at the end of a CTA's range).
+// Decode takes one page per window, no overlap: its second set of registers
+// would cost a CTA per SM, and decode needs CTAs in flight for HBM (an H200
+// measured 130.8 us for decode_r64_L32768 with windows of 4, 124.7 without).
+#define WG_DECODE_WINDOW 1
+#define WG_PREFILL_WINDOW 2
 
 // Shared-memory plan (dynamic, carved from a 1024-byte aligned base: the
 // 128-byte swizzle repeats every 8 rows = 1024 bytes, and the matrix
@@ -55,7 +66,10 @@ struct WgSmem {
     static constexpr u32 Q_HALF = N * 128;
     static constexpr u32 SCALE = Q + 2 * Q_HALF;
     static constexpr u32 W = SCALE + STAGES * IDX_PAGE_ROWS * 4;
-    static constexpr u32 PID = W + ROWS * NH * 4;
+    // Weights by lane: lane t's columns 8j + 2t + e at [t][j][e], rows padded
+    // by 2 pairs so the 4 lanes of a quad read distinct banks.
+    static constexpr u32 W_ROW = N / 8 + 2;  // (j, e) pairs per lane row
+    static constexpr u32 PID = W + 4 * W_ROW * 2 * 4;
     static constexpr u32 BYTES = PID + STAGES * 4;
 };
 
@@ -83,8 +97,9 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void wgmma_wait_all() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // Byte offset of 16-byte chunk `chunk` of 128-byte row `row` in the
@@ -156,11 +171,35 @@ __device__ __forceinline__ void wg_stage_q(const ScoreParams& p, u8* smem, u32 r
     }
 }
 
-template <int NH, int ROWS>
+template <int V>
+struct Int {
+    static constexpr int value = V;
+};
+
+// f(Int<I>{}), ..., f(Int<N - 1>{}): unrolled with compile-time indices.
+template <int I, int N, class F>
+__device__ __forceinline__ void static_for(F&& f) {
+    if constexpr (I < N) {
+        f(Int<I>{});
+        static_for<I + 1, N>(f);
+    }
+}
+
+// Per page, kept in registers so its ring stage can be refilled early.
+struct PageRegs {
+    i32 pid;
+    float scale_lo, scale_hi;  // scales of this lane's tokens t_lo and t_lo + 8
+};
+
+template <int NH, int ROWS, int SPLIT, int WINDOW>
 __device__ __forceinline__ void wg_score(const ScoreParams& p) {
+    static_assert(WINDOW == 1 || WINDOW % 2 == 0, "windows start on even pages (buffer = parity)");
     using L = WgSmem<NH, ROWS>;
     constexpr int N = L::N;
-    using Mma = WgmmaF16<N>;
+    constexpr int UN = N / SPLIT;          // columns per unit
+    constexpr int UROWS = ROWS / SPLIT;    // query rows per unit
+    constexpr int UF = WINDOW * SPLIT;     // units per window
+    using Mma = WgmmaF16<UN>;
     constexpr int REGS = Mma::REGS;
 
     extern __shared__ __align__(16) u8 smem_raw[];
@@ -195,9 +234,11 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     }
     wg_stage_q<NH, ROWS>(p, smem, row0);
     float* ws = reinterpret_cast<float*>(smem + L::W);
-    for (u32 i = tid; i < N; i += WG_THREADS) {
-        const u32 rr = i / NH, h = i % NH, row = row0 + rr;
-        ws[i] = row < p.rows && h < p.heads ? p.weights[(u64)row * p.heads + h] : 0.0f;
+    for (u32 c = tid; c < N; c += WG_THREADS) {
+        const u32 rr = c / NH, h = c % NH, row = row0 + rr;
+        const u32 lane_t = (c % 8) / 2, j = c / 8, e = c % 2;
+        ws[(lane_t * L::W_ROW + j) * 2 + e] =
+            row < p.rows && h < p.heads ? p.weights[(u64)row * p.heads + h] : 0.0f;
     }
     wg_fence_proxy_async();  // Q, read by wgmma after the first barrier below
 
@@ -209,84 +250,135 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
     const u32 q_base = wg_smem_addr(smem + L::Q);
 
-    for (u32 i = page0; i < page_end; ++i) {
+    float d[2][REGS];  // accumulators of two units in flight
+    u32 a[2][8][4];    // A fragments of two pages in flight
+    PageRegs pr[2];
+
+    // Waits for page i's copy, refills the stage the page before it used and
+    // moves page i into registers (buffer B).
+    auto begin_page = [&](u32 i, auto bc) {
+        constexpr int B = decltype(bc)::value;
+        // i may be past page_end (the last window's tail): nothing is copied
+        // for it and nothing computed from its stale stage is stored.
         const u32 idx = i - page0, stage = idx % L::STAGES;
         wg_cp_async_wait<L::STAGES - 2>();  // this page's copy (one group per page)
-        __syncthreads();  // ... from every thread; and the previous stage is free
+        __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
             wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
         wg_cp_async_commit();
+        // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
+        // t_lo, t_lo + 8; word s widens to the fragment of k step s. An
+        // unmapped page multiplies stale bytes; its logits are not stored.
+        const u8* ks = smem + L::K + stage * WG_TILE_BYTES;
+        const uint4 r0a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig));
+        const uint4 r0b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig + 1));
+        const uint4 r1a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig));
+        const uint4 r1b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig + 1));
+        const u32 w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
+        const u32 w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
+        // The MMAs that read a[B] (two pages back) are complete; keep the
+        // compiler from moving these writes above the wait that said so.
+#pragma unroll
+        for (int s = 0; s < 8; ++s)
+            asm volatile("" : "+r"(a[B][s][0]), "+r"(a[B][s][1]), "+r"(a[B][s][2]), "+r"(a[B][s][3])
+                         :: "memory");
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            cvt_e4m3x4(w0[s], a[B][s][0], a[B][s][2]);
+            cvt_e4m3x4(w1[s], a[B][s][1], a[B][s][3]);
+        }
+        pr[B].pid = pids[stage];
+        pr[B].scale_lo = scales[stage * IDX_PAGE_ROWS + t_lo];
+        pr[B].scale_hi = scales[stage * IDX_PAGE_ROWS + t_lo + 8];
+    };
 
-        const i32 pid = pids[stage];
-        const u32 tok0 = i * IDX_PAGE_ROWS;  // chunk-local
-        if (pid >= 0) {
-            // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows t_lo, t_lo + 8.
-            const u8* ks = smem + L::K + stage * WG_TILE_BYTES;
-            const uint4 r0a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig));
-            const uint4 r0b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig + 1));
-            const uint4 r1a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig));
-            const uint4 r1b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig + 1));
-            const u32 w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
-            const u32 w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
-            u32 a[8][4];
+    // Issues the eight k16 MMAs of one unit: page buffer P, accumulators D,
+    // columns [HALF * UN, +UN).
+    auto issue = [&](auto pc, auto dc, auto hc) {
+        constexpr int P = decltype(pc)::value, D = decltype(dc)::value;
+        constexpr int HALF = decltype(hc)::value;
+        wgmma_fence();
+        const u32 b = q_base + HALF * UN * 128;
+        Mma::mma_first(d[D], a[P][0], wg_desc(b));
 #pragma unroll
-            for (int s = 0; s < 8; ++s) {
-                cvt_e4m3x4(w0[s], a[s][0], a[s][2]);
-                cvt_e4m3x4(w1[s], a[s][1], a[s][3]);
-            }
-            float d[REGS];
-            wgmma_fence();
-#pragma unroll
-            for (int s = 0; s < 8; ++s)
-                Mma::mma(d, a[s], wg_desc(q_base + (s >> 2) * L::Q_HALF + 32 * (s & 3)), s > 0);
-            wgmma_commit();
-            wgmma_wait_all();
-            Mma::fence_operands(d);
+        for (int s = 1; s < 8; ++s)
+            Mma::mma(d[D], a[P][s], wg_desc(b + (s >> 2) * L::Q_HALF + 32 * (s & 3)));
+        wgmma_commit();
+    };
 
-            float lo[ROWS], hi[ROWS];
+    // relu * weight over the unit's heads, per query row, times the scale.
+    auto epilogue = [&](u32 page, auto pc, auto dc, auto hc, bool exists) {
+        constexpr int P = decltype(pc)::value, D = decltype(dc)::value;
+        constexpr int HALF = decltype(hc)::value;
+        Mma::fence_operands(d[D]);
+        float lo[UROWS], hi[UROWS];
 #pragma unroll
-            for (int rr = 0; rr < ROWS; ++rr) lo[rr] = hi[rr] = 0.0f;
-            // Column 8j + 2 tig + e is (row (8j) / NH, head (8j) % NH + 2 tig + e).
+        for (int r = 0; r < UROWS; ++r) lo[r] = hi[r] = 0.0f;
+        const float* wrow = ws + tig * L::W_ROW * 2 + HALF * (UN / 8) * 2;
 #pragma unroll
-            for (int j = 0; j < N / 8; ++j) {
-                const int rr = (8 * j) / NH;
-                const float2 w = *reinterpret_cast<const float2*>(ws + 8 * j + 2 * tig);
-                lo[rr] = fmaf(relu_nan(d[4 * j]), w.x, lo[rr]);
-                lo[rr] = fmaf(relu_nan(d[4 * j + 1]), w.y, lo[rr]);
-                hi[rr] = fmaf(relu_nan(d[4 * j + 2]), w.x, hi[rr]);
-                hi[rr] = fmaf(relu_nan(d[4 * j + 3]), w.y, hi[rr]);
-            }
-            const float s_lo = scales[stage * IDX_PAGE_ROWS + t_lo];
-            const float s_hi = scales[stage * IDX_PAGE_ROWS + t_lo + 8];
+        for (int j = 0; j < UN / 8; j += 2) {
+            const float4 w = *reinterpret_cast<const float4*>(wrow + 2 * j);
+            const int r0 = (8 * j) / NH, r1 = (8 * (j + 1)) / NH;
+            lo[r0] = fmaf(relu_nan(d[D][4 * j]), w.x, lo[r0]);
+            lo[r0] = fmaf(relu_nan(d[D][4 * j + 1]), w.y, lo[r0]);
+            hi[r0] = fmaf(relu_nan(d[D][4 * j + 2]), w.x, hi[r0]);
+            hi[r0] = fmaf(relu_nan(d[D][4 * j + 3]), w.y, hi[r0]);
+            lo[r1] = fmaf(relu_nan(d[D][4 * j + 4]), w.z, lo[r1]);
+            lo[r1] = fmaf(relu_nan(d[D][4 * j + 5]), w.w, lo[r1]);
+            hi[r1] = fmaf(relu_nan(d[D][4 * j + 6]), w.z, hi[r1]);
+            hi[r1] = fmaf(relu_nan(d[D][4 * j + 7]), w.w, hi[r1]);
+        }
 #pragma unroll
-            for (int rr = 0; rr < ROWS; ++rr) {
-                lo[rr] += __shfl_xor_sync(0xffffffffu, lo[rr], 1);
-                hi[rr] += __shfl_xor_sync(0xffffffffu, hi[rr], 1);
-                lo[rr] += __shfl_xor_sync(0xffffffffu, lo[rr], 2);
-                hi[rr] += __shfl_xor_sync(0xffffffffu, hi[rr], 2);
-            }
-            // 2 * ROWS values per quad, [lo0, hi0, lo1, hi1, ...]: lane tig stores v = tig (mod 4).
+        for (int r = 0; r < UROWS; ++r) {
+            lo[r] += __shfl_xor_sync(0xffffffffu, lo[r], 1);
+            hi[r] += __shfl_xor_sync(0xffffffffu, hi[r], 1);
+            lo[r] += __shfl_xor_sync(0xffffffffu, lo[r], 2);
+            hi[r] += __shfl_xor_sync(0xffffffffu, hi[r], 2);
+        }
+        const bool mapped = pr[P].pid >= 0;
+        const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
+        // 2 * UROWS values per quad, [lo0, hi0, lo1, hi1, ...]: lane tig stores v = tig (mod 4).
 #pragma unroll
-            for (int v = 0; v < 2 * ROWS; ++v) {
-                if ((v & 3) != (int)tig) continue;
-                const int rr = v / 2;
-                const u32 t = tok0 + t_lo + 8 * (v & 1);
-                if (t < n_chunk[rr]) {
-                    float* out = p.logits + (u64)(row0 + rr) * p.logits_row_stride;
-                    out[t] = (v & 1) ? hi[rr] * s_hi : lo[rr] * s_lo;
-                }
-            }
-        } else {
-#pragma unroll
-            for (int rr = 0; rr < ROWS; ++rr) {
-                const u32 t = tok0 + (tid & (IDX_PAGE_ROWS - 1));
-                if ((tid >> 6) == (u32)(rr & 1) && t < n_chunk[rr]) {
-                    float* out = p.logits + (u64)(row0 + rr) * p.logits_row_stride;
-                    out[t] = skip;
-                }
+        for (int v = 0; v < 2 * UROWS; ++v) {
+            if ((v & 3) != (int)tig) continue;
+            const int rr = HALF * UROWS + v / 2;
+            const u32 t = tok0 + t_lo + 8 * (v & 1);
+            if (exists && t < n_chunk[rr]) {
+                const float val = (v & 1) ? hi[v / 2] * pr[P].scale_hi : lo[v / 2] * pr[P].scale_lo;
+                p.logits[(u64)(row0 + rr) * p.logits_row_stride + t] = mapped ? val : skip;
             }
         }
+    };
+
+    // The loop body is straight-line around the MMAs (ptxas keeps the wgmma
+    // pipeline only when it can follow every group): each step issues the
+    // next unit unconditionally, even past the last one (stale operands, no
+    // stores), and only the stores test whether their unit exists.
+    // Windows of WINDOW pages. Inside a window the next unit's MMAs are
+    // issued before the current unit's epilogue; a window ends with no MMA in
+    // flight, the state ptxas needs to keep the wgmma pipeline across the loop
+    // (a group pending over the back edge makes it serialize every wgmma).
+    // The last window may run past the CTA's pages: stale operands, no stores.
+    const u32 units = (page_end - page0) * SPLIT;
+    for (u32 base = 0; base < units; base += UF) {
+        begin_page(page0 + base / SPLIT, Int<0>{});
+        issue(Int<0>{}, Int<0>{}, Int<0>{});
+        // Unit base + k: accumulators k % 2, page buffer (k / SPLIT) % 2, half k % SPLIT.
+        static_for<0, UF>([&](auto kc) {
+            constexpr int K = decltype(kc)::value, KN = K + 1;
+            const u32 u = base + K;
+            if constexpr (KN < UF) {
+                if constexpr (KN % SPLIT == 0)
+                    begin_page(page0 + (u + 1) / SPLIT, Int<(KN / SPLIT) % 2>{});
+                issue(Int<(KN / SPLIT) % 2>{}, Int<KN % 2>{}, Int<KN % SPLIT>{});
+                wgmma_wait<1>();  // unit u's group (groups complete in order)
+            } else {
+                wgmma_wait<0>();
+            }
+            epilogue(page0 + u / SPLIT, Int<(K / SPLIT) % 2>{}, Int<K % 2>{}, Int<K % SPLIT>{},
+                     u < units);
+        });
     }
     wg_cp_async_wait<0>();  // nothing in flight at exit
 }
@@ -294,11 +386,11 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
 #define WGMMA_KERNELS(HEADS)                                                        \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
-        wg_score<HEADS, 1>(p);                                                      \
+        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                                      \
     }                                                                               \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
         b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
-        wg_score<HEADS, WG_PREFILL_ROWS>(p);                                        \
+        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                                        \
     }
 
 WGMMA_KERNELS(16)

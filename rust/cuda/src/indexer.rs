@@ -74,7 +74,8 @@ impl MmaFlavor {
 }
 
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
-/// as f16, the ring's scales, the weights and the ring's page ids, plus 1 KiB
+/// as f16, the ring's scales, the weights (by lane, padded by 4 pairs per
+/// lane), and the ring's page ids, plus 1 KiB
 /// to align the base (mirrors `WgSmem` in kernels/indexer_wgmma.cu; the
 /// kernel traps if given less).
 pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
@@ -83,7 +84,7 @@ pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
     stages * PAGE_ROWS * HEAD_DIM
         + n * HEAD_DIM * 2
         + stages * PAGE_ROWS * 4
-        + n * 4
+        + (n + 16) * 4
         + stages * 4
         + 1024
 }
@@ -460,8 +461,8 @@ mod tests {
     #[test]
     fn wgmma_shapes() {
         // 64 heads: 4 x 8 KiB ring + f16 Q + 1 KiB scales + weights + ids + 1 KiB alignment.
-        assert_eq!(wgmma_shared_bytes(64, 1), 32768 + 16384 + 1024 + 256 + 16 + 1024);
-        assert_eq!(wgmma_shared_bytes(64, 4), 32768 + 65536 + 1024 + 1024 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 1), 32768 + 16384 + 1024 + 320 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4), 32768 + 65536 + 1024 + 1088 + 16 + 1024);
         // 1024 row blocks fill the SMs: one split; 16 row blocks: the chunk is split.
         assert_eq!(wgmma_prefill_pages_per_cta(4096, 32768, 132), 512);
         assert_eq!(wgmma_prefill_pages_per_cta(64, 32768, 132), 16);
