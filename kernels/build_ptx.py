@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gen_wgmma  # noqa: E402
+import gen_wgmma
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"

@@ -20,6 +20,7 @@ def wrapper(n: int) -> str:
     dlist = ", ".join(f"%{i}" for i in range(regs))
     fences = "".join(f' "+f"(d[{i}])' + ("," if i < regs - 1 else "") for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
+
     def asm(scale_d: int) -> str:
         return (
             f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 "\n'
@@ -30,6 +31,7 @@ def wrapper(n: int) -> str:
         regs_out = ", ".join(f'"{out}"(d[{i}])' for i in range(regs))
         return f""": {regs_out}
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));"""
+
     return f"""
 template <>
 struct WgmmaF16<{n}> {{
@@ -37,7 +39,8 @@ struct WgmmaF16<{n}> {{
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[{regs}], const u32 (&a)[4], u64 desc_b) {{
+    static __device__ __forceinline__ void mma_first(float (&d)[{regs}], const u32 (&a)[4],
+                                                     u64 desc_b) {{
         asm volatile(
             {asm(0)}
             {operands("=f")}

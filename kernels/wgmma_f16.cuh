@@ -15,7 +15,8 @@ struct WgmmaF16<16> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[8], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[8], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, 0, 1, 1, 0;\n"
@@ -42,7 +43,8 @@ struct WgmmaF16<32> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[16], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[16], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, 0, 1, 1, 0;\n"
@@ -69,7 +71,8 @@ struct WgmmaF16<48> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[24], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[24], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n48k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, 0, 1, 1, 0;\n"
@@ -96,7 +99,8 @@ struct WgmmaF16<64> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[32], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[32], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 0, 1, 1, 0;\n"
@@ -123,7 +127,8 @@ struct WgmmaF16<96> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[48], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[48], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, 0, 1, 1, 0;\n"
@@ -150,7 +155,8 @@ struct WgmmaF16<128> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[64], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[64], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, 0, 1, 1, 0;\n"
@@ -177,7 +183,8 @@ struct WgmmaF16<192> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[96], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[96], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, {%96, %97, %98, %99}, %100, 0, 1, 1, 0;\n"
@@ -204,7 +211,8 @@ struct WgmmaF16<256> {
     // d = A . B^T over one k16 step (scale-d is an immediate 0, so ptxas sees
     // d as written only). A is this thread's m16n8k16-style fragment (4 f16x2
     // words), B a shared-memory descriptor.
-    static __device__ __forceinline__ void mma_first(float (&d)[128], const u32 (&a)[4], u64 desc_b) {
+    static __device__ __forceinline__ void mma_first(float (&d)[128], const u32 (&a)[4],
+                                                     u64 desc_b) {
         asm volatile(
             "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, 0, 1, 1, 0;\n"
