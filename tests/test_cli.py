@@ -15,6 +15,11 @@ def test_import_exposes_version_and_build_facts():
     assert info["ptx_isa"] == "8.7"
     assert info["ptx_target"] == "compute_89"
     assert ("topk_pad", ["b12x_fill_topk_padding"]) in [tuple(m) for m in info["modules"]]
+    # every module has a target; only the wgmma scorers are arch-specific
+    targets = info["module_targets"]
+    assert set(targets) == {name for name, _ in info["modules"]}
+    assert {n for n, t in targets.items() if t != "compute_89"} == {"indexer_wgmma"}
+    assert targets["indexer_wgmma"] == "compute_90a"
 
 
 def test_exception_classes_fit_the_builtins():

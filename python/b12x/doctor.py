@@ -65,7 +65,16 @@ def run_doctor() -> int:
         "embedded PTX",
         f"ISA {build['ptx_isa']} for {build['ptx_target']}, needs driver >= {build['min_driver']}",
     )
-    _line("PTX modules", ", ".join(name for name, _ in build["modules"]))
+    targets = build.get("module_targets", {})
+    _line(
+        "PTX modules",
+        ", ".join(
+            name
+            if targets.get(name, build["ptx_target"]) == build["ptx_target"]
+            else f"{name} ({targets[name]}, loads on sm_90 only)"
+            for name, _ in build["modules"]
+        ),
+    )
     _line("bindings", build["cudarc_bindings"])
     if "torch_metadata_path" in info:
         _line("tensor metadata", info["torch_metadata_path"])

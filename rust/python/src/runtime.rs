@@ -4,7 +4,7 @@ use b12x_core::validate::Operand;
 use b12x_core::{DType, Device};
 use b12x_cuda::{device, ptx, topk_pad};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::error::PyB12xResult;
 use crate::tensor::extract;
@@ -23,6 +23,10 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         .map(|m| (m.name, m.kernels.iter().map(|k| k.symbol()).collect()))
         .collect();
     d.set_item("modules", modules)?;
+    // Arch-specific modules (e.g. indexer_wgmma: compute_90a, loaded on sm_90 only).
+    let targets: Vec<(&str, &str)> =
+        ptx::MODULES.iter().map(|m| (m.name, m.target.compute())).collect();
+    d.set_item("module_targets", targets.into_py_dict(py)?)?;
     d.set_item("debug_build", cfg!(debug_assertions))?;
     Ok(d)
 }
