@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 HEADER = Path(__file__).resolve().parent / "wgmma_f16.cuh"
-WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256)
+# N of the scorers' units: decode N = padded heads, prefill halves N = 2 * padded heads.
+WIDTHS = (16, 32, 48, 64, 96, 128)
 
 
 def wrapper(n: int) -> str:

@@ -68,6 +68,30 @@ __device__ __forceinline__ void mma_e4m3_zero(float (&d)[4], u32 a0, u32 a1, u32
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
+// Shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+
+// 16-byte async copy global -> shared; bytes past src_bytes are written as
+// zeros (src_bytes = 0: padded heads, missing rows).
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 src_bytes = 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Sum over the 4 lanes of a quad (lanes 4g .. 4g + 3); every lane gets it.
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // relu that keeps NaN (fmaxf would turn a NaN dot into 0; torch.relu keeps it).
 __device__ __forceinline__ float relu_nan(float x) {
     float y;

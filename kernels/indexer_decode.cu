@@ -114,10 +114,8 @@ __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
                 hi = fmaf(relu_nan(acc[n][2]), w0[n], hi);
                 hi = fmaf(relu_nan(acc[n][3]), w1[n], hi);
             }
-            lo += __shfl_xor_sync(0xffffffffu, lo, 1);
-            hi += __shfl_xor_sync(0xffffffffu, hi, 1);
-            lo += __shfl_xor_sync(0xffffffffu, lo, 2);
-            hi += __shfl_xor_sync(0xffffffffu, hi, 2);
+            lo = quad_sum(lo);
+            hi = quad_sum(hi);
             const float v = pid >= 0 ? ((tig & 1) ? hi : lo) * scale : skip;
             const u32 t = t0 + my_tok;
             if (tig < 2 && t < n_chunk) out[t] = v;
@@ -135,15 +133,6 @@ __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
 #define F16_STAGES 8
 #define F16_TILE_BYTES (8 * IDX_HEAD_DIM)
 #define F16_STAGE_BYTES (F16_TILE_BYTES + 32)  // 8 tokens + their 8 scales
-
-__device__ __forceinline__ void cp_async16_dec(u32 dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit_dec() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait_dec() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 // Token row g's 16-byte chunk c sits at chunk c ^ ((g & 1) << 2) of its
 // 128-byte row: a quarter warp (rows 2i, 2i+1 x chunks tig) hits 32 banks.
@@ -224,14 +213,14 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
                 for (int h = 0; h < 2 / GROUP; ++h) {
                     // 64 chunks (row c / 8, chunk c % 8) shared by the group's lanes
                     const u32 c = lane + 32 * (hw + GROUP * h);
-                    cp_async16_dec(stage + tile_swizzle(c >> 3, c & 7), src + c * 16);
+                    cp_async16(stage + tile_swizzle(c >> 3, c & 7), src + c * 16);
                 }
                 if (hw == 0 && lane < 2)
-                    cp_async16_dec(stage + F16_TILE_BYTES + lane * 16,
+                    cp_async16(stage + F16_TILE_BYTES + lane * 16,
                                    base + IDX_SCALE_OFFSET + sub * 32 + lane * 16);
             }
         }
-        cp_async_commit_dec();
+        cp_async_commit();
     };
 
     // Start the copies before the Q conversion, which they then overlap.
@@ -263,7 +252,7 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     for (u32 u = 0; u < tiles; u += 2) {
         issue(u + F16_STAGES - 2);
         issue(u + F16_STAGES - 1);
-        cp_async_wait_dec<F16_STAGES - 2>();
+        cp_async_wait<F16_STAGES - 2>();
         sync_group();
         float acc[2][MTW][4];
         float2 scale[2];
@@ -329,7 +318,7 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
             }
         }
     }
-    cp_async_wait_dec<0>();
+    cp_async_wait<0>();
 }
 
 #define DECODE_KERNELS(HEADS, NT, MT, GROUP, MINB)                                    \

@@ -24,27 +24,11 @@
 #define PREFILL_ROWS 64
 #define PREFILL_STAGE_ROWS 2
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-// 16-byte async copy; src_bytes = 0 writes zeros (padded heads, missing rows).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(src_bytes));
-}
-
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, u32 src_bytes) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
                  "l"(src), "r"(src_bytes));
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 
 __device__ __forceinline__ uint4 lds128(const u8* p) {
     return *reinterpret_cast<const uint4*>(p);
@@ -75,7 +59,7 @@ __device__ __forceinline__ void stage_rows(const ScoreParams& p, PrefillSmem<NT>
         const bool ok = row < row_end && head < p.heads;
         const u8* src = p.q + ((u64)(ok ? row : 0) * p.heads + (ok ? head : 0)) * IDX_HEAD_DIM +
                         chunk * 16;
-        cp_async16(&sm.q[buf][rr][q_swizzle(head, chunk)], src, ok ? 16u : 0u);
+        cp_async16(smem_addr(&sm.q[buf][rr][q_swizzle(head, chunk)]), src, ok ? 16u : 0u);
     }
     for (u32 i = threadIdx.x; i < PREFILL_STAGE_ROWS * NT * 8; i += blockDim.x) {
         const u32 rr = i / (NT * 8), head = i % (NT * 8);
@@ -227,10 +211,8 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
             }
 #pragma unroll
             for (int m = 0; m < PREFILL_MT; ++m) {
-                lo[m] += __shfl_xor_sync(0xffffffffu, lo[m], 1);
-                hi[m] += __shfl_xor_sync(0xffffffffu, hi[m], 1);
-                lo[m] += __shfl_xor_sync(0xffffffffu, lo[m], 2);
-                hi[m] += __shfl_xor_sync(0xffffffffu, hi[m], 2);
+                lo[m] = quad_sum(lo[m]);
+                hi[m] = quad_sum(hi[m]);
                 const u32 t = wt0 + m * 16 + my_tok;
                 if (tig < 2 && t < row_live) out[t] = ((tig & 1) ? hi[m] : lo[m]) * sc[m];
             }

@@ -73,20 +73,6 @@ struct WgSmem {
     static constexpr u32 BYTES = PID + STAGES * 4;
 };
 
-__device__ __forceinline__ u32 wg_smem_addr(const void* p) {
-    return (u32)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void wg_cp_async16(u32 dst, const void* src, u32 src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes));
-}
-__device__ __forceinline__ void wg_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void wg_cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 // Shared-memory stores are generic-proxy writes; wgmma reads B through the
 // async proxy. Each writer fences after its stores, before the barrier.
 __device__ __forceinline__ void wg_fence_proxy_async() {
@@ -131,13 +117,13 @@ __device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u3
     const u32 tid = threadIdx.x;
     if (pid >= 0) {
         const u8* src = p.kcache + (u64)pid * p.page_stride;
-        const u32 dst = wg_smem_addr(smem + L::K + stage * WG_TILE_BYTES);
+        const u32 dst = smem_addr(smem + L::K + stage * WG_TILE_BYTES);
 #pragma unroll
         for (u32 c = tid; c < WG_TILE_BYTES / 16; c += WG_THREADS)
-            wg_cp_async16(dst + sw128(c >> 3, c & 7), src + c * 16, 16);
+            cp_async16(dst + sw128(c >> 3, c & 7), src + c * 16);
         if (tid < IDX_PAGE_ROWS * 4 / 16)
-            wg_cp_async16(wg_smem_addr(smem + L::SCALE + stage * IDX_PAGE_ROWS * 4) + tid * 16,
-                          src + IDX_SCALE_OFFSET + tid * 16, 16);
+            cp_async16(smem_addr(smem + L::SCALE + stage * IDX_PAGE_ROWS * 4) + tid * 16,
+                          src + IDX_SCALE_OFFSET + tid * 16);
     }
     if (tid == 0) reinterpret_cast<i32*>(smem + L::PID)[stage] = pid;
 }
@@ -203,7 +189,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     constexpr int REGS = Mma::REGS;
 
     extern __shared__ __align__(16) u8 smem_raw[];
-    u8* smem = smem_raw + ((1024 - (wg_smem_addr(smem_raw) & 1023)) & 1023);
+    u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     if (dynamic_smem_bytes() < L::BYTES + 1024) __trap();  // host/kernel layout drift
 
     const u32 tid = threadIdx.x;
@@ -230,7 +216,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
 #pragma unroll
     for (u32 s = 0; s < L::STAGES - 1; ++s) {
         if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
-        wg_cp_async_commit();
+        cp_async_commit();
     }
     wg_stage_q<NH, ROWS>(p, smem, row0);
     float* ws = reinterpret_cast<float*>(smem + L::W);
@@ -248,7 +234,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const float skip = idx_not_candidate();
     const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
-    const u32 q_base = wg_smem_addr(smem + L::Q);
+    const u32 q_base = smem_addr(smem + L::Q);
 
     float d[2][REGS];  // accumulators of two units in flight
     u32 a[2][8][4];    // A fragments of two pages in flight
@@ -261,12 +247,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         // i may be past page_end (the last window's tail): nothing is copied
         // for it and nothing computed from its stale stage is stored.
         const u32 idx = i - page0, stage = idx % L::STAGES;
-        wg_cp_async_wait<L::STAGES - 2>();  // this page's copy (one group per page)
+        cp_async_wait<L::STAGES - 2>();  // this page's copy (one group per page)
         __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
             wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
-        wg_cp_async_commit();
+        cp_async_commit();
         // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
         // t_lo, t_lo + 8; word s widens to the fragment of k step s. An
         // unmapped page multiplies stale bytes; its logits are not stored.
@@ -331,10 +317,8 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         }
 #pragma unroll
         for (int r = 0; r < UROWS; ++r) {
-            lo[r] += __shfl_xor_sync(0xffffffffu, lo[r], 1);
-            hi[r] += __shfl_xor_sync(0xffffffffu, hi[r], 1);
-            lo[r] += __shfl_xor_sync(0xffffffffu, lo[r], 2);
-            hi[r] += __shfl_xor_sync(0xffffffffu, hi[r], 2);
+            lo[r] = quad_sum(lo[r]);
+            hi[r] = quad_sum(hi[r]);
         }
         const bool mapped = pr[P].pid >= 0;
         const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
@@ -351,15 +335,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         }
     };
 
-    // The loop body is straight-line around the MMAs (ptxas keeps the wgmma
-    // pipeline only when it can follow every group): each step issues the
-    // next unit unconditionally, even past the last one (stale operands, no
-    // stores), and only the stores test whether their unit exists.
     // Windows of WINDOW pages. Inside a window the next unit's MMAs are
     // issued before the current unit's epilogue; a window ends with no MMA in
     // flight, the state ptxas needs to keep the wgmma pipeline across the loop
     // (a group pending over the back edge makes it serialize every wgmma).
-    // The last window may run past the CTA's pages: stale operands, no stores.
+    // Inside a window the code is straight-line around the MMAs, so the last
+    // window may run past the CTA's pages: stale operands, no stores.
     const u32 units = (page_end - page0) * SPLIT;
     for (u32 base = 0; base < units; base += UF) {
         begin_page(page0 + base / SPLIT, Int<0>{});
@@ -380,17 +361,17 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
                      u < units);
         });
     }
-    wg_cp_async_wait<0>();  // nothing in flight at exit
+    cp_async_wait<0>();  // nothing in flight at exit
 }
 
 #define WGMMA_KERNELS(HEADS)                                                        \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
-        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                                      \
+        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                 \
     }                                                                               \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
         b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
-        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                                        \
+        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                  \
     }
 
 WGMMA_KERNELS(16)

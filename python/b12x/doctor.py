@@ -65,16 +65,13 @@ def run_doctor() -> int:
         "embedded PTX",
         f"ISA {build['ptx_isa']} for {build['ptx_target']}, needs driver >= {build['min_driver']}",
     )
-    targets = build.get("module_targets", {})
-    _line(
-        "PTX modules",
-        ", ".join(
-            name
-            if targets.get(name, build["ptx_target"]) == build["ptx_target"]
-            else f"{name} ({targets[name]}, loads on sm_90 only)"
-            for name, _ in build["modules"]
-        ),
-    )
+    # arch-specific modules name their target; they load only where it runs
+    targets = build["module_targets"]
+    names = [
+        n if targets[n] == build["ptx_target"] else f"{n} ({targets[n]})"
+        for n, _ in build["modules"]
+    ]
+    _line("PTX modules", ", ".join(names))
     _line("bindings", build["cudarc_bindings"])
     if "torch_metadata_path" in info:
         _line("tensor metadata", info["torch_metadata_path"])

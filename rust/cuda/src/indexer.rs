@@ -278,35 +278,51 @@ fn check(l: &IndexerLaunch) -> Result<()> {
     Ok(())
 }
 
-fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
+/// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
+const SCORERS: [[[Kernel; 4]; 3]; 2] = {
     use Kernel::*;
-    let tile = heads.div_ceil(16);
-    match (route, flavor, tile) {
-        (Route::PagedDecode, MmaFlavor::E4m3, 1) => IndexerDecodeE4m3H16,
-        (Route::PagedDecode, MmaFlavor::E4m3, 2) => IndexerDecodeE4m3H32,
-        (Route::PagedDecode, MmaFlavor::E4m3, 3) => IndexerDecodeE4m3H48,
-        (Route::PagedDecode, MmaFlavor::E4m3, _) => IndexerDecodeE4m3H64,
-        (Route::PagedDecode, MmaFlavor::F16, 1) => IndexerDecodeF16H16,
-        (Route::PagedDecode, MmaFlavor::F16, 2) => IndexerDecodeF16H32,
-        (Route::PagedDecode, MmaFlavor::F16, 3) => IndexerDecodeF16H48,
-        (Route::PagedDecode, MmaFlavor::F16, _) => IndexerDecodeF16H64,
-        (Route::SharedPrefill, MmaFlavor::E4m3, 1) => IndexerPrefillE4m3H16,
-        (Route::SharedPrefill, MmaFlavor::E4m3, 2) => IndexerPrefillE4m3H32,
-        (Route::SharedPrefill, MmaFlavor::E4m3, 3) => IndexerPrefillE4m3H48,
-        (Route::SharedPrefill, MmaFlavor::E4m3, _) => IndexerPrefillE4m3H64,
-        (Route::SharedPrefill, MmaFlavor::F16, 1) => IndexerPrefillF16H16,
-        (Route::SharedPrefill, MmaFlavor::F16, 2) => IndexerPrefillF16H32,
-        (Route::SharedPrefill, MmaFlavor::F16, 3) => IndexerPrefillF16H48,
-        (Route::SharedPrefill, MmaFlavor::F16, _) => IndexerPrefillF16H64,
-        (Route::PagedDecode, MmaFlavor::Wgmma, 1) => IndexerWgmmaDecodeH16,
-        (Route::PagedDecode, MmaFlavor::Wgmma, 2) => IndexerWgmmaDecodeH32,
-        (Route::PagedDecode, MmaFlavor::Wgmma, 3) => IndexerWgmmaDecodeH48,
-        (Route::PagedDecode, MmaFlavor::Wgmma, _) => IndexerWgmmaDecodeH64,
-        (Route::SharedPrefill, MmaFlavor::Wgmma, 1) => IndexerWgmmaPrefillH16,
-        (Route::SharedPrefill, MmaFlavor::Wgmma, 2) => IndexerWgmmaPrefillH32,
-        (Route::SharedPrefill, MmaFlavor::Wgmma, 3) => IndexerWgmmaPrefillH48,
-        (Route::SharedPrefill, MmaFlavor::Wgmma, _) => IndexerWgmmaPrefillH64,
-    }
+    [
+        [
+            [
+                IndexerDecodeE4m3H16,
+                IndexerDecodeE4m3H32,
+                IndexerDecodeE4m3H48,
+                IndexerDecodeE4m3H64,
+            ],
+            [IndexerDecodeF16H16, IndexerDecodeF16H32, IndexerDecodeF16H48, IndexerDecodeF16H64],
+            [
+                IndexerWgmmaDecodeH16,
+                IndexerWgmmaDecodeH32,
+                IndexerWgmmaDecodeH48,
+                IndexerWgmmaDecodeH64,
+            ],
+        ],
+        [
+            [
+                IndexerPrefillE4m3H16,
+                IndexerPrefillE4m3H32,
+                IndexerPrefillE4m3H48,
+                IndexerPrefillE4m3H64,
+            ],
+            [
+                IndexerPrefillF16H16,
+                IndexerPrefillF16H32,
+                IndexerPrefillF16H48,
+                IndexerPrefillF16H64,
+            ],
+            [
+                IndexerWgmmaPrefillH16,
+                IndexerWgmmaPrefillH32,
+                IndexerWgmmaPrefillH48,
+                IndexerWgmmaPrefillH64,
+            ],
+        ],
+    ]
+};
+
+fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
+    let tile = heads.div_ceil(16).clamp(1, 4) as usize - 1;
+    SCORERS[route as usize][flavor as usize][tile]
 }
 
 /// Pages per CTA and launch shape of the scorer: static shapes only.
@@ -467,6 +483,26 @@ mod tests {
         assert_eq!(wgmma_prefill_pages_per_cta(4096, 32768, 132), 512);
         assert_eq!(wgmma_prefill_pages_per_cta(64, 32768, 132), 16);
         assert_eq!(wgmma_prefill_pages_per_cta(1, 512, 132), 1);
+    }
+
+    #[test]
+    fn scorer_table_matches_route_flavor_and_heads() {
+        let flavors =
+            [(MmaFlavor::E4m3, "e4m3"), (MmaFlavor::F16, "f16"), (MmaFlavor::Wgmma, "wgmma")];
+        for (route, name) in [(Route::PagedDecode, "decode"), (Route::SharedPrefill, "prefill")] {
+            for (flavor, tag) in flavors {
+                for (heads, tile) in [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64)] {
+                    let symbol = scorer(route, flavor, heads).symbol();
+                    let flavor_first = flavor == MmaFlavor::Wgmma;
+                    let expected = if flavor_first {
+                        format!("b12x_indexer_{tag}_{name}_h{tile}")
+                    } else {
+                        format!("b12x_indexer_{name}_{tag}_h{tile}")
+                    };
+                    assert_eq!(symbol, expected);
+                }
+            }
+        }
     }
 
     #[test]
