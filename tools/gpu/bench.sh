@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Every GPU benchmark with its peers, JSON beside the logs in $RESULTS.
+#   tools/gpu/bench.sh [WHEEL]
+# CRITERION_BIN: a criterion binary (`cargo bench -p b12x-core --no-run`) to run too.
+source "$(dirname "$0")/common.sh" "$@"
+step bench_extract 60 b12x bench extract --json "$RESULTS/extract.json"
+TAIL=12 step bench_indexer 240 b12x bench indexer --json "$RESULTS/indexer.json"
+if [ "$GPUS" -ge 2 ]; then
+  TAIL=20 step bench_allreduce 300 b12x bench allreduce --gpus 2 --json "$RESULTS/allreduce.json"
+fi
+if [ -n "${CRITERION_BIN:-}" ]; then step criterion 150 "$CRITERION_BIN" --bench; fi
