@@ -2,9 +2,11 @@
 //! b12x-core), prepared plans, and one rank's IPC runtime (b12x-cuda).
 
 use b12x_core::allreduce::{
-    self as ar, fused_geometry, oneshot_geometry, twoshot_geometry, Geometry, Limits, Op, Route,
-    SlabLayout,
+    self as ar, fused_geometry, oneshot_geometry, twoshot_geometry, Declared, Geometry, Limits,
+    Route, SlabLayout,
 };
+use b12x_core::collective::Operation;
+use b12x_core::tensor::{is_dense, is_row_major};
 use b12x_core::validate::Operand;
 use b12x_core::{DType, Device, Error as CoreError, TensorMeta};
 use b12x_cuda::allreduce::{self as launch, FusedArgs, KernelCtx, PlainArgs};
@@ -61,20 +63,16 @@ fn allreduce_route(
     limits: (u64, u64, u64, u64),
 ) -> PyB12xResult<(Option<&'static str>, String)> {
     const OP: &str = "AllReduce.declare";
-    let op = Op::from_name(operation).ok_or_else(|| {
+    let op = Operation::parse(operation).ok_or_else(|| {
         invalid(OP, "operation", "all_reduce or all_reduce_fused_add_rms_norm", operation.into())
     })?;
     let dtype = match dtype_from_name(OP, dtype) {
         Ok(d) => d,
         Err(e) => return Ok((None, e.to_string())),
     };
-    let limits = Limits {
-        oneshot_max: limits.0,
-        fused_max: limits.1,
-        twoshot_max: limits.2,
-        twoshot_row_elems: limits.3,
-    };
-    Ok(match ar::route(op, &shape, dtype, strides.as_deref(), world, &limits) {
+    let limits = Limits::new(limits.0, limits.1, limits.2, limits.3)?;
+    let decl = Declared { operation: op, shape: &shape, dtype, strides: strides.as_deref() };
+    Ok(match ar::route(&decl, world, &limits) {
         Ok(route) => (Some(route.name()), String::new()),
         Err(why) => (None, why.0),
     })
@@ -242,8 +240,8 @@ fn check_operand(
         return Err(o.shape_error(format!("{:?} ({} elements)", plan.shape, plan.numel)).into());
     }
     let dense = match plan.route {
-        Route::OneShot => ar::route::is_dense(&meta.shape, &meta.strides),
-        Route::TwoShot | Route::Fused => ar::route::is_row_major(&meta.shape, &meta.strides),
+        Route::OneShot => is_dense(&meta.shape, &meta.strides),
+        Route::TwoShot | Route::Fused => is_row_major(&meta.shape, &meta.strides),
     };
     if !dense {
         let what = if plan.route == Route::OneShot { "dense" } else { "row-major contiguous" };
