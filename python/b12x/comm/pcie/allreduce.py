@@ -83,7 +83,8 @@ DeviceLike = torch.device | str | int
 
 class Declaration(Protocol):
     """What :meth:`AllReduce.declare` reads of a declared invocation
-    (:class:`b12x.comm.pcie.Invocation` has it all)."""
+    (:class:`b12x.comm.pcie.Invocation` has it all): routing reads the
+    operation, shape, dtype and strides; the index the rest of its key."""
 
     @property
     def name(self) -> str: ...
@@ -95,6 +96,12 @@ class Declaration(Protocol):
     def dtype(self) -> torch.dtype: ...
     @property
     def strides(self) -> Sequence[int] | None: ...
+    @property
+    def input_alignment(self) -> int: ...
+    @property
+    def norm_weight(self) -> torch.Tensor | None: ...
+    @property
+    def epsilon(self) -> float | None: ...
 
 
 def route_with_reason(
