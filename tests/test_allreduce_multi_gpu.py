@@ -397,6 +397,49 @@ def _scenario_auto_transport(torch, dist, AllReduce, Limits):
     ar.close()
 
 
+def _scenario_admission(torch, dist, AllReduce, Limits):
+    """admit(): one call finds the declared plan and checks what the key
+    cannot (device, alignment, the fused call's residual and weight); a
+    closed runtime refuses even a plan it made."""
+    from b12x.errors import UndeclaredPlanError
+
+    fused_op = "all_reduce_fused_add_rms_norm"
+    limits = Limits(oneshot_max=64 << 10, fused_max=64 << 10, twoshot_max=0)
+    ar = AllReduce(limits=limits, timeout_s=30)
+    assert ar.enabled, ar.disabled_reason
+    hidden, eps, bf16 = 1024, 1e-6, torch.bfloat16
+    weight = torch.linspace(0.5, 1.5, hidden, device="cuda", dtype=bf16)
+    ar.declare(
+        [
+            Inv("p", "all_reduce", (8, hidden), bf16),
+            Inv("f", fused_op, (4, hidden), bf16, norm_weight=weight, eps=eps),
+        ]
+    )
+    x = torch.ones(8, hidden, device="cuda", dtype=bf16)
+    plan = ar.admit(x)
+    assert plan is not None and plan is ar.plan_for(x)
+    assert ar.admit(x.cpu()) is None  # the key matches, the device does not
+    buf = torch.ones(8 * hidden + 1, device="cuda", dtype=bf16)
+    assert ar.admit(buf[1:].view(8, hidden)) is None  # 2 bytes off 16-byte alignment
+    assert ar.admit(torch.ones(9, hidden, device="cuda", dtype=bf16)) is None  # undeclared
+    assert torch.all(ar.all_reduce(x, plan=plan) == dist.get_world_size())
+    inp = torch.ones(4, hidden, device="cuda", dtype=bf16)
+    res = torch.zeros_like(inp)
+    fused = ar.admit(inp, fused_op, weight, eps, res)
+    assert fused is not None and fused.route == "oneshot_fused"
+    assert ar.admit(inp, fused_op, weight, eps, inp) is None  # out would alias residual_out
+    assert ar.admit(inp, fused_op, weight, eps, res.float()) is None
+    assert ar.admit(inp, fused_op, weight, eps) is None  # no residual
+    assert ar.admit(inp, fused_op, weight.clone(), eps, res) is None  # another weight object
+    ar.fused_add_rms_norm(inp, res, weight, eps, plan=fused)
+    torch.cuda.synchronize()
+    assert torch.all(res == dist.get_world_size())
+    ar.close()
+    assert ar.admit(x) is None
+    with pytest.raises(UndeclaredPlanError, match="closed"):
+        ar.all_reduce(x, plan=plan)
+
+
 SCENARIOS = [
     ("oneshot", _scenario_oneshot),
     ("twoshot", _scenario_twoshot),
@@ -405,6 +448,7 @@ SCENARIOS = [
     ("reference_layers", _scenario_reference_layers),
     ("capture_refusals", _scenario_capture_refusals),
     ("auto_transport", _scenario_auto_transport),
+    ("admission", _scenario_admission),
 ]
 
 

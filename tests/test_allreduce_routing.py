@@ -199,17 +199,31 @@ def test_equal_declarations_share_one_plan():
     assert len(routed) == 80
 
 
+def _plan(operation, shape, dtype, world=2, sms=132, limits=None, push=False):
+    """The plan declare() prepares for one declaration."""
+    limits = (
+        ar.Limits(oneshot_max=1 << 30, fused_max=1 << 30, twoshot_max=0)
+        if limits is None
+        else limits
+    )
+    routed, declined = ar.prepare_declarations(
+        [Inv("p", operation, shape, dtype)], world, limits, sms, twoshot_push=push
+    )
+    assert not declined, declined
+    return routed[0][1]
+
+
 def test_plans_carry_route_kernel_and_resident_geometry():
-    p = _core.AllReducePlan("oneshot", [1, 8192], "bfloat16", 2, 132)
+    p = _plan(ar.PLAIN, (1, 8192), torch.bfloat16)
     assert (p.route, p.dtype, p.nbytes, p.kernel) == (
         "oneshot",
         "bfloat16",
         16384,
         "b12x_allreduce_oneshot_bf16",
     )
-    f = _core.AllReducePlan("oneshot_fused", [16, 7168], "bfloat16", 2, 132)
+    f = _plan(ar.FUSED, (16, 7168), torch.bfloat16)
     assert f.geometry == (16, 896, 1) and f.kernel == "b12x_allreduce_fused_bf16_p1"
-    f32 = _core.AllReducePlan("oneshot_fused", [3, 7168], "float32", 8, 132)
+    f32 = _plan(ar.FUSED, (3, 7168), torch.float32, world=8)
     assert f32.geometry == (3, 1024, 2)
     push = ar.prepare_declarations(
         [Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132, twoshot_push=True
@@ -217,15 +231,35 @@ def test_plans_carry_route_kernel_and_resident_geometry():
     assert push[0][1].twoshot_push and push[0][1].kernel == "b12x_allreduce_twoshot_push_bf16"
     pull = ar.prepare_declarations([Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132)
     assert pull[0][0][1].kernel == "b12x_allreduce_twoshot_bf16"
+    two = ar.Limits(oneshot_max=0, fused_max=0, twoshot_max=32 << 20)
     for world in (2, 4, 8):
-        t = _core.AllReducePlan("twoshot", [4096, 4096], "bfloat16", world, 36)
+        t = _plan(ar.PLAIN, (4096, 4096), torch.bfloat16, world=world, sms=36, limits=two)
         grid, block, _ = t.geometry
         assert 1 <= grid <= 36 and block == 512
     assert "twoshot" in repr(t)
-    with pytest.raises(ConfigError):
-        _core.AllReducePlan("twoshot", [64], "float16", 2, 132)
-    with pytest.raises(ConfigError):
-        _core.AllReducePlan("dma", [64], "bfloat16", 2, 132)
+    # no two-shot kernel for float16, and no operation but the two declared ones
+    _, declined = ar.prepare_declarations([Inv("h", ar.PLAIN, (64,), torch.float16)], 2, two, 132)
+    assert "bfloat16" in declined[0][1]
+    with pytest.raises(ConfigError, match="operation"):
+        ar.prepare_declarations([Inv("d", "dma", (64,), torch.bfloat16)], 2, two, 132)
+    with pytest.raises(TypeError):
+        _core.AllReducePlan("oneshot", [1, 8192], "bfloat16", 2, 132)  # only declare() makes plans
+
+
+def test_plans_stage_what_the_slot_holds():
+    """The one slot rule: the push two-shot stages twice its bytes, and every
+    plan the limits route fits the slot those limits size."""
+    limits = ar.Limits(
+        oneshot_max=16 << 10, fused_max=72 << 10, twoshot_max=768 << 10, twoshot_row_elems=8
+    )
+    for push in (False, True):
+        slot = limits.slot_bytes(twoshot_push=push)
+        for world in (2, 4, 8):
+            for n in (16, 4096, 64 << 10, 768 << 10):
+                plan = _plan(ar.PLAIN, (n // 2,), torch.bfloat16, world, limits=limits, push=push)
+                assert plan.staged_bytes <= slot + 256, (plan, slot)
+                expect = 2 * n if plan.twoshot_push else n
+                assert plan.staged_bytes == expect and plan.world == world
 
 
 # ------------------------------------------------------------- lookup keys

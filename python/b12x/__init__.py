@@ -10,39 +10,6 @@ says whether kernels can run here.
 
 from b12x import errors
 from b12x._core import __version__, build_info
-from b12x.errors import (
-    AlignmentError,
-    B12xError,
-    CapacityError,
-    CollectiveTimeoutError,
-    ConfigError,
-    CudaError,
-    DeviceError,
-    DTypeError,
-    KernelLoadError,
-    LayoutError,
-    NotATensorError,
-    ShapeError,
-    UndeclaredPlanError,
-    UnsupportedTensorError,
-)
+from b12x.errors import *  # noqa: F403  (the names are listed once, in errors.__all__)
 
-__all__ = [
-    "AlignmentError",
-    "B12xError",
-    "CapacityError",
-    "CollectiveTimeoutError",
-    "ConfigError",
-    "CudaError",
-    "DTypeError",
-    "DeviceError",
-    "KernelLoadError",
-    "LayoutError",
-    "NotATensorError",
-    "ShapeError",
-    "UndeclaredPlanError",
-    "UnsupportedTensorError",
-    "__version__",
-    "build_info",
-    "errors",
-]
+__all__ = [*errors.__all__, "__version__", "build_info", "errors"]

@@ -1,7 +1,9 @@
 """Type stubs for the b12x._core extension (kept in step by tests/test_core_stubs.py)."""
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+_Declared = TypeVar("_Declared")
 
 __version__: str
 
@@ -51,38 +53,71 @@ def validate_operand(
 # kernels
 def fill_topk_padding(indices: Any, scores: Any | None, stream: int) -> None: ...
 
-# --- allreduce ---
+# --- allreduce (b12x.comm.pcie re-exports these under public names) ---
+ALLREDUCE_ENV: dict[str, str]
+ALLREDUCE_DEFAULT_TIMEOUT_S: float
+
 def allreduce_parse_byte_size(text: str) -> int: ...
-def allreduce_parse_optional_byte_size(text: str) -> int: ...
+def allreduce_timeout_ns(timeout_s: float | None, env: Mapping[str, str] | None = None) -> int: ...
+def allreduce_twoshot_push(
+    choice: bool | None, env: Mapping[str, str] | None = None
+) -> bool | None: ...
+def allreduce_fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None: ...
 def allreduce_route(
     operation: str,
-    shape: list[int],
-    dtype: str,
-    strides: list[int] | None,
+    shape: Sequence[int],
+    dtype: Any,
+    strides: Sequence[int] | None,
     world: int,
-    limits: tuple[int, int, int, int],
+    limits: Limits,
 ) -> tuple[str | None, str]: ...
+def allreduce_prepare(
+    invocations: Iterable[_Declared],
+    world: int,
+    limits: Limits,
+    multiprocessors: int,
+    twoshot_push: bool = False,
+) -> tuple[list[tuple[_Declared, AllReducePlan]], list[tuple[_Declared, str]]]: ...
 def pci_bus_id(ordinal: int) -> str: ...
 def p2p_native_atomics(ordinal: int, peer_bus_id: str) -> bool | None: ...
 
-class AllReducePlan:
+class Limits:
     def __init__(
         self,
-        route: str,
-        shape: list[int],
-        dtype: str,
-        world: int,
-        multiprocessors: int,
-        twoshot_push: bool = False,
+        oneshot_max: int | None = None,
+        fused_max: int | None = None,
+        twoshot_max: int | None = None,
+        twoshot_row_elems: int | None = None,
     ) -> None: ...
+    @staticmethod
+    def from_env(env: Mapping[str, str] | None = None) -> Limits: ...
+    @property
+    def oneshot_max(self) -> int: ...
+    @property
+    def fused_max(self) -> int: ...
+    @property
+    def twoshot_max(self) -> int: ...
+    @property
+    def twoshot_row_elems(self) -> int: ...
+    def slot_bytes(self, twoshot_push: bool = False) -> int: ...
+    def __eq__(self, other: object) -> bool: ...
+    def __hash__(self) -> int: ...
+
+class AllReducePlan:
     @property
     def route(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
     @property
     def dtype(self) -> str: ...
     @property
     def shape(self) -> list[int]: ...
     @property
     def nbytes(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+    @property
+    def staged_bytes(self) -> int: ...
     @property
     def geometry(self) -> tuple[int, int, int]: ...
     @property
@@ -92,7 +127,13 @@ class AllReducePlan:
 
 class IpcAllReduce:
     def __init__(
-        self, ordinal: int, rank: int, world: int, slot_bytes: int, timeout_ns: int
+        self,
+        ordinal: int,
+        rank: int,
+        world: int,
+        limits: Limits,
+        twoshot_push: bool,
+        timeout_ns: int,
     ) -> None: ...
     def handle(self) -> bytes: ...
     def open_peers(self, handles: list[bytes]) -> None: ...
@@ -108,7 +149,16 @@ class IpcAllReduce:
     def slot_bytes(self) -> int: ...
     @property
     def is_open(self) -> bool: ...
-    def run(self, plan: AllReducePlan, inp: Any, out: Any, stream: int, /) -> None: ...
+    def admit(
+        self,
+        index: DeclaredPlanIndex,
+        tensor: Any,
+        operation: str | None = None,
+        weight: Any | None = None,
+        epsilon: float | None = None,
+        residual: Any | None = None,
+    ) -> AllReducePlan | None: ...
+    def run(self, plan: AllReducePlan, inp: Any, out: Any, /) -> None: ...
     def run_fused(
         self,
         plan: AllReducePlan,
@@ -118,7 +168,6 @@ class IpcAllReduce:
         eps: float,
         out: Any,
         residual_out: Any,
-        stream: int,
         /,
     ) -> None: ...
 

@@ -28,6 +28,16 @@ pub enum CudaError {
     #[error("cuda:{ordinal} does not exist ({count} device(s) visible)")]
     NoSuchDevice { ordinal: u32, count: u32 },
 
+    /// A cross-GPU wait of the all-reduce ran past its bound (read from the
+    /// host-mapped error word the kernels write).
+    #[error(
+        "AllReduce: rank {rank} waited more than {:.3} s for rank {peer} at a barrier \
+         (error code {code:#x}); the peer is dead or far behind. The runtime is unusable: \
+         close it and fall back to NCCL",
+        *timeout_ns as f64 * 1e-9
+    )]
+    CollectiveTimeout { rank: u32, peer: u32, code: u32, timeout_ns: u64 },
+
     #[error(transparent)]
     Core(#[from] b12x_core::Error),
 }

@@ -81,6 +81,9 @@ impl From<PyB12xErr> for PyErr {
             PyB12xErr::Cuda(cuda @ CudaError::ModuleLoad(_)) => {
                 KernelLoadError::new_err(cuda.to_string())
             }
+            PyB12xErr::Cuda(cuda @ CudaError::CollectiveTimeout { .. }) => {
+                CollectiveTimeoutError::new_err(cuda.to_string())
+            }
             PyB12xErr::Cuda(cuda) => exc::CudaError::new_err(cuda.to_string()),
             PyB12xErr::Py(py) => py,
         }

@@ -342,7 +342,8 @@ fn tensor_meta_dlpack(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
     Ok(PyTensorMeta(extract_dlpack(obj, "tensor_meta_dlpack", "tensor")?))
 }
 
-fn parse_dtype(name: &str) -> PyB12xResult<DType> {
+/// A dtype by its torch name (``"bfloat16"`` or ``"torch.bfloat16"``).
+pub(crate) fn parse_dtype(name: &str) -> PyB12xResult<DType> {
     const ALL: [DType; 12] = [
         DType::F8E4M3,
         DType::F8E5M2,

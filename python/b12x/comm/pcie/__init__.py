@@ -5,24 +5,38 @@ at serving time a :class:`DeclaredPlanIndex` either finds the plan declared
 for exactly the live tensor's key or reports a miss, and the caller declines
 to the next backend (NCCL). :class:`UndeclaredPlanError` is what
 :meth:`DeclaredPlanIndex.plan_for` raises on a miss.
+
+* :mod:`~b12x.comm.pcie.invocation`: the record and the operation names
+  :data:`PLAIN` / :data:`FUSED`.
+* :mod:`~b12x.comm.pcie.knobs`: :class:`Limits` and the environment knobs.
+* :mod:`~b12x.comm.pcie.handshake`: the collective set-up and teardown.
+* :mod:`~b12x.comm.pcie.allreduce`: the :class:`AllReduce` runtime (declare,
+  admit, live calls).
 """
 
-from b12x.comm.pcie.allreduce import AllReduce
+from b12x.comm.pcie.allreduce import AllReduce, AllReducePlan
 from b12x.comm.pcie.index import DeclaredPlanIndex, plan_key
 from b12x.comm.pcie.invocation import (
     ALL_REDUCE,
     ALL_REDUCE_FUSED_ADD_RMS_NORM,
+    FUSED,
+    PLAIN,
     Invocation,
     Operation,
 )
+from b12x.comm.pcie.knobs import Limits
 from b12x.errors import UndeclaredPlanError
 
 __all__ = [
     "ALL_REDUCE",
     "ALL_REDUCE_FUSED_ADD_RMS_NORM",
+    "FUSED",
+    "PLAIN",
     "AllReduce",
+    "AllReducePlan",
     "DeclaredPlanIndex",
     "Invocation",
+    "Limits",
     "Operation",
     "UndeclaredPlanError",
     "plan_key",

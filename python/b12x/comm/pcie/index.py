@@ -7,14 +7,19 @@ call from Python pays for one native method call and nothing else (see
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from b12x._core import DeclaredPlanIndex, invocation_key
 
+if TYPE_CHECKING:
+    from b12x.comm.pcie.allreduce import Declaration
+
 __all__ = ["DeclaredPlanIndex", "plan_key"]
 
+PlanKey = tuple[str, tuple[int, ...], str, tuple[int, ...], tuple[int, float] | None]
 
-def plan_key(invocation: Any) -> tuple[Any, ...]:
+
+def plan_key(invocation: Declaration) -> PlanKey:
     """The key ``invocation`` is indexed by, as plain Python values.
 
     ``(operation, shape, dtype name, address strides, norm)``, where address

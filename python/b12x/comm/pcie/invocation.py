@@ -1,17 +1,22 @@
-"""The declared invocation record of a PCIe collective."""
+"""The declared invocation record of a PCIe collective, and the names of
+its two operations (their one home: every other module imports them)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from b12x import _core
 
 if TYPE_CHECKING:
     import torch
 
-ALL_REDUCE = "all_reduce"
-ALL_REDUCE_FUSED_ADD_RMS_NORM = "all_reduce_fused_add_rms_norm"
+#: The plain sum all-reduce.
+PLAIN: Final = "all_reduce"
+#: All-reduce, then residual add and RMSNorm with a declared weight.
+FUSED: Final = "all_reduce_fused_add_rms_norm"
+ALL_REDUCE: Final = PLAIN
+ALL_REDUCE_FUSED_ADD_RMS_NORM: Final = FUSED
 Operation = Literal["all_reduce", "all_reduce_fused_add_rms_norm"]
 
 

@@ -3,16 +3,26 @@
 //! `ws* [+-]? digits ws* suffix? ws*`, case-insensitive; suffix "" or "b" is
 //! bytes, k/kb/kib = 2^10, m/mb/mib = 2^20, g.. = 2^30, t.. = 2^40 (KB is KiB).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Name, Result};
 
-const OP: &str = "parse_byte_size";
+/// Who asks for a size, for messages: `parse_byte_size: value ...` or
+/// `AllReduce: VLLM_PCIE_... ...` (an environment knob names itself).
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub op: &'static str,
+    pub operand: Name,
+}
 
-fn invalid(what: &'static str, text: &str) -> Error {
-    Error::InvalidValue {
-        op: OP,
-        operand: "value".into(),
-        expected: what.into(),
-        got: format!("{text:?}"),
+impl Source {
+    pub const VALUE: Source = Source { op: "parse_byte_size", operand: Name::Borrowed("value") };
+
+    pub(crate) fn invalid(&self, what: impl Into<Name>, text: &str) -> Error {
+        Error::InvalidValue {
+            op: self.op,
+            operand: self.operand.clone(),
+            expected: what.into(),
+            got: format!("{text:?}"),
+        }
     }
 }
 
@@ -30,6 +40,12 @@ fn multiplier(suffix: &str) -> Option<i64> {
 /// Parses a byte size such as "17", "84KB", "6 MiB" or "2g". Signed, so a
 /// caller can reject negatives with its own message.
 pub fn parse_byte_size(text: &str) -> Result<i64> {
+    parse_byte_size_for(text, &Source::VALUE)
+}
+
+/// [`parse_byte_size`] with the errors naming `source`.
+pub fn parse_byte_size_for(text: &str, source: &Source) -> Result<i64> {
+    let invalid = |what: &'static str, text: &str| source.invalid(what, text);
     let lower = text.trim().to_ascii_lowercase();
     let (sign, rest) = match lower.as_bytes().first() {
         Some(b'-') => (-1i64, &lower[1..]),
@@ -59,20 +75,25 @@ pub fn parse_byte_size(text: &str) -> Result<i64> {
         .ok_or_else(|| invalid("a byte size below 2^63 (invalid byte size)", text))
 }
 
+/// Whether `text` is one of the words that turn an optional size off:
+/// "", "off", "none" or "disabled" (any case).
+pub fn is_off(text: &str) -> bool {
+    matches!(text.trim().to_ascii_lowercase().as_str(), "" | "off" | "none" | "disabled")
+}
+
 /// Like [`parse_byte_size`], but "", "0", "off", "none" and "disabled" mean
 /// off (0); negatives are rejected.
 pub fn parse_optional_byte_size(text: &str) -> Result<u64> {
-    let t = text.trim().to_ascii_lowercase();
-    if matches!(t.as_str(), "" | "off" | "none" | "disabled") {
+    if is_off(text) {
         return Ok(0);
     }
-    parse_non_negative(text)
+    parse_non_negative(text, &Source::VALUE)
 }
 
 /// [`parse_byte_size`] for limits: a negative value is an error.
-pub fn parse_non_negative(text: &str) -> Result<u64> {
-    let n = parse_byte_size(text)?;
-    u64::try_from(n).map_err(|_| invalid("a non-negative byte size", text))
+pub fn parse_non_negative(text: &str, source: &Source) -> Result<u64> {
+    let n = parse_byte_size_for(text, source)?;
+    u64::try_from(n).map_err(|_| source.invalid("a non-negative byte size", text))
 }
 
 #[cfg(test)]
@@ -104,12 +125,20 @@ mod tests {
     }
 
     #[test]
+    fn a_source_names_itself() {
+        let src = Source { op: "AllReduce", operand: "VLLM_X".into() };
+        let e = parse_byte_size_for("12 parsecs", &src).unwrap_err().to_string();
+        assert!(e.starts_with("AllReduce: VLLM_X expected a byte-size suffix"), "{e}");
+        assert!(e.ends_with("got \"12 parsecs\""), "{e}");
+    }
+
+    #[test]
     fn optional_and_non_negative() {
         for off in ["", "0", "off", "None", " disabled "] {
             assert_eq!(parse_optional_byte_size(off).unwrap(), 0, "{off:?}");
         }
         assert_eq!(parse_optional_byte_size("768KB").unwrap(), 786432);
-        assert!(parse_non_negative("-1").is_err());
+        assert!(parse_non_negative("-1", &Source::VALUE).is_err());
         assert!(parse_optional_byte_size("-1").is_err());
     }
 }

@@ -1,6 +1,8 @@
 //! The IPC slab of one rank, shared with kernels/allreduce.cuh:
 //! `[header | flags | pad to SIGNAL_BYTES | slot 0 | slot 1]`.
 
+use super::limits::Limits;
+
 /// Largest group the kernels address (flag rows and peer tables are this wide).
 pub const MAX_WORLD: u32 = 8;
 /// Largest grid of any all-reduce launch (one flag row per CTA).
@@ -21,10 +23,16 @@ pub struct SlabLayout {
 }
 
 impl SlabLayout {
+    /// The slab whose slots serve every call `limits` route (see
+    /// [`Limits::slot_bytes`]). Limits are bounded, so this cannot overflow.
+    pub fn for_limits(limits: &Limits, twoshot_push: bool) -> Self {
+        Self::for_max_bytes(limits.slot_bytes(twoshot_push))
+            .expect("bounded limits give a slab far below 2^64 bytes")
+    }
+
     /// A slab whose slots hold `max_bytes`, plus one alignment unit of headroom:
-    /// the push two-shot stages 2 * world regions of the largest shard (at most
-    /// 2 * MAX_WORLD packs more than twice its bytes; Python sizes `max_bytes`
-    /// at twice the two-shot ceiling for it).
+    /// the push two-shot stages 2 * world regions of the largest shard, at most
+    /// 2 * MAX_WORLD packs (<= SLOT_ALIGN bytes) more than twice its bytes.
     pub fn for_max_bytes(max_bytes: u64) -> Option<Self> {
         let slot_bytes = max_bytes.checked_next_multiple_of(SLOT_ALIGN)?.checked_add(SLOT_ALIGN)?;
         slot_bytes.checked_mul(2)?.checked_add(SIGNAL_BYTES)?;
@@ -76,5 +84,10 @@ mod tests {
         assert_eq!(l.total_bytes(), 8192 + 2560);
         assert!(2 * MAX_WORLD as u64 * 16 <= SLOT_ALIGN);
         assert!(SlabLayout::for_max_bytes(u64::MAX).is_none());
+        let limits = Limits::new(16384, 73728, 786432, 896).unwrap();
+        assert_eq!(SlabLayout::for_limits(&limits, true).slot_bytes, 2 * 786432 + 256);
+        assert_eq!(SlabLayout::for_limits(&limits, false).slot_bytes, 786432 + 256);
+        let max = Limits::new(1 << 40, 1 << 40, 1 << 40, 1).unwrap();
+        assert_eq!(SlabLayout::for_limits(&max, true).total_bytes(), 8192 + 2 * ((2 << 40) + 256));
     }
 }

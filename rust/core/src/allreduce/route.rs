@@ -3,28 +3,14 @@
 
 use std::fmt;
 
-use crate::tensor::{DType, TensorMeta};
+use crate::collective::Operation;
+use crate::tensor::{is_dense, is_row_major, DType, TensorMeta};
 
 use super::geometry::FUSED_MAX_ROW_PACKS;
 use super::layout::MAX_WORLD;
+use super::limits::Limits;
 
-/// The two declared operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    AllReduce,
-    FusedAddRmsNorm,
-}
-
-impl Op {
-    pub fn from_name(name: &str) -> Option<Op> {
-        match name {
-            "all_reduce" => Some(Op::AllReduce),
-            "all_reduce_fused_add_rms_norm" => Some(Op::FusedAddRmsNorm),
-            _ => None,
-        }
-    }
-}
-
+/// Which kernel family serves a declaration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Route {
     OneShot,
@@ -33,6 +19,7 @@ pub enum Route {
 }
 
 impl Route {
+    /// The name Python shows (`plan.route`, the adapter's route table).
     pub const fn name(self) -> &'static str {
         match self {
             Route::OneShot => "oneshot",
@@ -42,21 +29,13 @@ impl Route {
     }
 }
 
-/// Byte ceilings (inclusive) of each route; 0 turns a route off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    pub oneshot_max: u64,
-    pub fused_max: u64,
-    pub twoshot_max: u64,
-    /// Two-shot accepts `numel % (world * row_elems) == 0` only (spec §5.2).
-    pub twoshot_row_elems: u64,
-}
-
-impl Limits {
-    /// Bytes one staging slot must hold.
-    pub fn slot_bytes_needed(&self) -> u64 {
-        self.oneshot_max.max(self.fused_max).max(self.twoshot_max)
-    }
+/// A declared call as plain values. `strides` None means row-major contiguous.
+#[derive(Debug, Clone, Copy)]
+pub struct Declared<'a> {
+    pub operation: Operation,
+    pub shape: &'a [i64],
+    pub dtype: DType,
+    pub strides: Option<&'a [i64]>,
 }
 
 /// Why a declaration gets no route.
@@ -73,17 +52,9 @@ fn decline(why: impl Into<String>) -> Decline {
     Decline(why.into())
 }
 
-pub use crate::tensor::{is_dense, is_row_major};
-
-/// Routes one declaration. `strides` None means row-major contiguous.
-pub fn route(
-    op: Op,
-    shape: &[i64],
-    dtype: DType,
-    strides: Option<&[i64]>,
-    world: u32,
-    limits: &Limits,
-) -> Result<Route, Decline> {
+/// Routes one declaration for a group of `world` ranks.
+pub fn route(decl: &Declared<'_>, world: u32, limits: &Limits) -> Result<Route, Decline> {
+    let Declared { operation, shape, dtype, strides } = *decl;
     if !matches!(dtype, DType::F16 | DType::BF16 | DType::F32) {
         return Err(decline(format!("dtype {dtype} is not float16, bfloat16 or float32")));
     }
@@ -103,9 +74,9 @@ pub fn route(
     let (Some(numel), Some(nbytes)) = (numel, nbytes) else {
         return Err(decline(format!("shape {shape:?} overflows 64-bit bytes")));
     };
-    match op {
-        Op::AllReduce => route_plain(shape, dtype, strides, numel, nbytes, world, limits),
-        Op::FusedAddRmsNorm => route_fused(shape, dtype, strides, nbytes, limits),
+    match operation {
+        Operation::AllReduce => route_plain(shape, dtype, strides, numel, nbytes, world, limits),
+        Operation::AllReduceFusedAddRmsNorm => route_fused(shape, dtype, strides, nbytes, limits),
     }
 }
 
@@ -118,7 +89,7 @@ fn route_plain(
     world: u32,
     limits: &Limits,
 ) -> Result<Route, Decline> {
-    if nbytes <= limits.oneshot_max {
+    if nbytes <= limits.oneshot_max() {
         if nbytes % 16 != 0 {
             return Err(decline(format!("{nbytes} bytes is not a multiple of 16")));
         }
@@ -127,11 +98,12 @@ fn route_plain(
         }
         return Ok(Route::OneShot);
     }
-    if limits.twoshot_max == 0 || nbytes > limits.twoshot_max {
+    if limits.twoshot_max() == 0 || nbytes > limits.twoshot_max() {
         return Err(decline(format!(
             "{nbytes} bytes is above the one-shot limit {} and outside the two-shot window \
              (limit {})",
-            limits.oneshot_max, limits.twoshot_max
+            limits.oneshot_max(),
+            limits.twoshot_max()
         )));
     }
     if dtype != DType::BF16 {
@@ -140,7 +112,7 @@ fn route_plain(
     if !is_row_major(shape, strides) {
         return Err(decline(format!("two-shot needs contiguous strides, got {strides:?}")));
     }
-    let unit = (world as u64).saturating_mul(limits.twoshot_row_elems.max(1));
+    let unit = (world as u64).saturating_mul(limits.twoshot_row_elems().max(1));
     if numel % unit != 0 || numel % 8 != 0 {
         return Err(decline(format!(
             "two-shot needs numel % (world * row_elems) == 0, got {numel} % {unit}"
@@ -156,10 +128,10 @@ fn route_fused(
     nbytes: u64,
     limits: &Limits,
 ) -> Result<Route, Decline> {
-    if nbytes > limits.fused_max {
+    if nbytes > limits.fused_max() {
         return Err(decline(format!(
             "{nbytes} bytes is above the fused limit {}",
-            limits.fused_max
+            limits.fused_max()
         )));
     }
     let Some(&hidden) = shape.last() else {
@@ -182,15 +154,30 @@ fn route_fused(
 mod tests {
     use super::*;
 
-    const LIMITS: Limits = Limits {
-        oneshot_max: 16 << 10,
-        fused_max: 72 << 10,
-        twoshot_max: 768 << 10,
-        twoshot_row_elems: 4096,
-    };
+    const PLAIN: Operation = Operation::AllReduce;
+    const FUSED: Operation = Operation::AllReduceFusedAddRmsNorm;
+
+    fn limits(oneshot: u64, fused: u64, twoshot: u64) -> Limits {
+        Limits::new(oneshot, fused, twoshot, 4096).unwrap()
+    }
+
+    fn lim() -> Limits {
+        limits(16 << 10, 72 << 10, 768 << 10)
+    }
+
+    fn r(
+        operation: Operation,
+        shape: &[i64],
+        dtype: DType,
+        strides: Option<&[i64]>,
+        world: u32,
+        limits: &Limits,
+    ) -> Result<Route, Decline> {
+        route(&Declared { operation, shape, dtype, strides }, world, limits)
+    }
 
     fn plain(shape: &[i64], dtype: DType, world: u32) -> Result<Route, Decline> {
-        route(Op::AllReduce, shape, dtype, None, world, &LIMITS)
+        r(PLAIN, shape, dtype, None, world, &lim())
     }
 
     #[test]
@@ -212,36 +199,35 @@ mod tests {
         assert!(plain(&[128, 4096], DType::BF16, 4).is_err());
         assert!(plain(&[16, 5120], DType::F16, 4).unwrap_err().0.contains("bfloat16"));
         // two-shot off
-        let off = Limits { twoshot_max: 0, ..LIMITS };
-        assert!(route(Op::AllReduce, &[16, 5120], DType::BF16, None, 4, &off).is_err());
+        let off = limits(16 << 10, 72 << 10, 0);
+        assert!(r(PLAIN, &[16, 5120], DType::BF16, None, 4, &off).is_err());
     }
 
     #[test]
     fn fused_has_an_independent_ceiling() {
-        let l = Limits { oneshot_max: 16, fused_max: 64, ..LIMITS };
-        let fused = route(Op::FusedAddRmsNorm, &[2, 4], DType::F32, None, 2, &l);
+        let l = limits(16, 64, 768 << 10);
+        let fused = r(FUSED, &[2, 4], DType::F32, None, 2, &l);
         assert_eq!(fused, Ok(Route::Fused));
-        assert!(route(Op::AllReduce, &[2, 4], DType::F32, None, 2, &l).is_err());
+        assert!(r(PLAIN, &[2, 4], DType::F32, None, 2, &l).is_err());
         // (4, 6144) bf16 = 48 KiB: fused under 72 KiB; plain, above 16 KiB with
         // two-shot off (the reference TP2 case), declines to NCCL
-        let tp2 = Limits { twoshot_max: 0, ..LIMITS };
-        assert_eq!(route(Op::FusedAddRmsNorm, &[4, 6144], DType::BF16, None, 2, &tp2), fused);
-        assert!(route(Op::AllReduce, &[4, 6144], DType::BF16, None, 2, &tp2).is_err());
+        let tp2 = limits(16 << 10, 72 << 10, 0);
+        assert_eq!(r(FUSED, &[4, 6144], DType::BF16, None, 2, &tp2), fused);
+        assert!(r(PLAIN, &[4, 6144], DType::BF16, None, 2, &tp2).is_err());
         // rows of 7 bf16 are not 16-byte packs
-        assert!(route(Op::FusedAddRmsNorm, &[2, 7], DType::BF16, None, 2, &LIMITS).is_err());
+        assert!(r(FUSED, &[2, 7], DType::BF16, None, 2, &lim()).is_err());
+        assert!(r(FUSED, &[], DType::BF16, None, 2, &lim()).is_err());
     }
 
     #[test]
     fn strides_and_singletons() {
-        let l = LIMITS;
-        let r = |shape: &[i64], strides: &[i64]| {
-            route(Op::AllReduce, shape, DType::BF16, Some(strides), 2, &l)
-        };
-        assert_eq!(r(&[1, 8], &[10, 1]), Ok(Route::OneShot)); // padded singleton row
-        assert!(r(&[2, 8], &[10, 1]).is_err()); // padded rows: not dense
-        assert_eq!(r(&[8, 2], &[1, 8]), Ok(Route::OneShot)); // transposed but dense
-        assert!(r(&[2, 8], &[8]).is_err());
-        let f = route(Op::FusedAddRmsNorm, &[8, 2], DType::F32, Some(&[1, 8]), 2, &l);
+        let l = lim();
+        let s = |shape: &[i64], strides: &[i64]| r(PLAIN, shape, DType::BF16, Some(strides), 2, &l);
+        assert_eq!(s(&[1, 8], &[10, 1]), Ok(Route::OneShot)); // padded singleton row
+        assert!(s(&[2, 8], &[10, 1]).is_err()); // padded rows: not dense
+        assert_eq!(s(&[8, 2], &[1, 8]), Ok(Route::OneShot)); // transposed but dense
+        assert!(s(&[2, 8], &[8]).is_err());
+        let f = r(FUSED, &[8, 2], DType::F32, Some(&[1, 8]), 2, &l);
         assert!(f.is_err(), "fused rows must be row-major");
     }
 

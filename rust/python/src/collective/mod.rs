@@ -5,7 +5,7 @@
 //! strong reference to the norm weight, so the weight's `id()`, which is
 //! part of the key, cannot be reused by another object while it is indexed.
 
-mod declaration;
+pub(crate) mod declaration;
 mod probe;
 
 use b12x_core::collective::{DeclaredPlanIndex, Entry};
@@ -16,7 +16,7 @@ use pyo3::types::{PyList, PyTuple};
 use pyo3::{import_exception, PyTraverseError, PyVisit};
 
 use crate::error::PyB12xResult;
-use probe::Args;
+pub(crate) use probe::Args;
 
 import_exception!(b12x.errors, UnsupportedTensorError);
 
@@ -70,6 +70,15 @@ fn entries(pairs: &Bound<'_, PyAny>) -> PyB12xResult<Vec<Entry<Payload>>> {
 }
 
 impl PyDeclaredPlanIndex {
+    /// The plan declared for this call; None on a miss and for input that
+    /// has no key (never raises): the first step of an admission.
+    #[inline]
+    pub(crate) fn probe(&self, py: Python<'_>, args: &Args<'_, '_>) -> Option<Py<PyAny>> {
+        probe::with(args, |key| self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py)))
+            .ok()
+            .flatten()
+    }
+
     /// The plan for `args`, `Ok(None)` on a miss, `Err` for bad input.
     #[inline]
     fn find(&self, py: Python<'_>, op: &str, args: &Args<'_, '_>) -> PyResult<Option<Py<PyAny>>> {

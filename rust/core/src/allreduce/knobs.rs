@@ -1,0 +1,308 @@
+//! The environment knobs the all-reduce reads, each with its grammar.
+//!
+//! Every value is checked where it is read: a garbage value is an error that
+//! names the variable and the accepted form, never a default in disguise.
+//! The wait bound ([`timeout_ns`]) is finite and at most an hour, so its
+//! nanoseconds fit every integer the ranks exchange when they agree on it.
+
+use crate::error::{Error, Result};
+
+use super::bytesize::{is_off, parse_non_negative, Source};
+use super::limits::{LimitField, Limits, MAX_LIMIT_BYTES, MAX_ROW_ELEMS};
+
+/// The op that messages about knobs and run-time settings name.
+pub const OP: &str = "AllReduce";
+/// Bound of every cross-GPU wait when nothing says otherwise.
+pub const DEFAULT_TIMEOUT_S: f64 = 60.0;
+/// Longest accepted wait bound: a wait longer than this is a hang.
+pub const MAX_TIMEOUT_S: f64 = 3600.0;
+
+/// The environment variables of the all-reduce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Knob {
+    OneshotMax,
+    FusedMax,
+    TwoshotMax,
+    TwoshotRowElems,
+    TimeoutS,
+    TwoshotPush,
+    /// Test hook: the rank named here fails its slab allocation (proves that
+    /// one rank's set-up failure disables the runtime on every rank).
+    FailSetupRank,
+}
+
+impl Knob {
+    pub const ALL: [Knob; 7] = [
+        Knob::OneshotMax,
+        Knob::FusedMax,
+        Knob::TwoshotMax,
+        Knob::TwoshotRowElems,
+        Knob::TimeoutS,
+        Knob::TwoshotPush,
+        Knob::FailSetupRank,
+    ];
+
+    /// The variable's name.
+    pub const fn var(self) -> &'static str {
+        match self {
+            Knob::OneshotMax => "VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE",
+            Knob::FusedMax => "VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE",
+            Knob::TwoshotMax => "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE",
+            Knob::TwoshotRowElems => "VLLM_PCIE_TWOSHOT_ROW_ELEMS",
+            Knob::TimeoutS => "B12X_ALLREDUCE_TIMEOUT_S",
+            Knob::TwoshotPush => "B12X_ALLREDUCE_TWOSHOT_PUSH",
+            Knob::FailSetupRank => "B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK",
+        }
+    }
+
+    /// What the knob sets, as a short key (the Limits field for limits).
+    pub const fn key(self) -> &'static str {
+        match self {
+            Knob::OneshotMax => LimitField::OneshotMax.name(),
+            Knob::FusedMax => LimitField::FusedMax.name(),
+            Knob::TwoshotMax => LimitField::TwoshotMax.name(),
+            Knob::TwoshotRowElems => LimitField::TwoshotRowElems.name(),
+            Knob::TimeoutS => "timeout_s",
+            Knob::TwoshotPush => "twoshot_push",
+            Knob::FailSetupRank => "fail_setup_rank",
+        }
+    }
+
+    /// The accepted form, as messages print it.
+    pub const fn accepted(self) -> &'static str {
+        match self {
+            Knob::OneshotMax | Knob::FusedMax => {
+                "a byte size in 0..=1 TiB such as 17, 84KB or 6 MiB (0 turns the route off)"
+            }
+            Knob::TwoshotMax => {
+                "a byte size in 0..=1 TiB such as 768KB, or 0, off, none, disabled or empty (off)"
+            }
+            Knob::TwoshotRowElems => "an element count in 1..=2^31, such as 4096",
+            Knob::TimeoutS => "seconds, a finite number in (0, 3600], such as 60 or 2.5",
+            Knob::TwoshotPush => "0 (pull), 1 (push) or auto",
+            Knob::FailSetupRank => "a rank, a non-negative integer",
+        }
+    }
+
+    fn source(self) -> Source {
+        Source { op: OP, operand: self.var().into() }
+    }
+
+    fn refuse(self, text: &str) -> Error {
+        self.source().invalid(self.accepted(), text)
+    }
+
+    const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The values of the knobs' variables in one environment (unset = None).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvValues {
+    values: [Option<String>; Knob::ALL.len()],
+}
+
+impl EnvValues {
+    /// Reads every knob through `get` (a variable name -> its value).
+    pub fn read<E>(
+        mut get: impl FnMut(&'static str) -> Result<Option<String>, E>,
+    ) -> Result<Self, E> {
+        let mut env = EnvValues::default();
+        for knob in Knob::ALL {
+            env.values[knob.index()] = get(knob.var())?;
+        }
+        Ok(env)
+    }
+
+    pub fn set(&mut self, knob: Knob, value: impl Into<String>) -> &mut Self {
+        self.values[knob.index()] = Some(value.into());
+        self
+    }
+
+    pub fn get(&self, knob: Knob) -> Option<&str> {
+        self.values[knob.index()].as_deref()
+    }
+}
+
+fn byte_limit(env: &EnvValues, knob: Knob, default: u64) -> Result<u64> {
+    let Some(text) = env.get(knob) else {
+        return Ok(default);
+    };
+    if knob == Knob::TwoshotMax && is_off(text) {
+        return Ok(0);
+    }
+    let value = parse_non_negative(text, &knob.source())?;
+    if value > MAX_LIMIT_BYTES {
+        return Err(knob.refuse(text));
+    }
+    Ok(value)
+}
+
+/// Limits from the environment, defaults where a variable is unset.
+pub fn limits_from_env(env: &EnvValues) -> Result<Limits> {
+    let d = Limits::DEFAULT;
+    let row_elems = match env.get(Knob::TwoshotRowElems) {
+        None => d.twoshot_row_elems(),
+        Some(text) => text
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (1..=MAX_ROW_ELEMS).contains(n))
+            .ok_or_else(|| Knob::TwoshotRowElems.refuse(text))?,
+    };
+    Limits::new(
+        byte_limit(env, Knob::OneshotMax, d.oneshot_max())?,
+        byte_limit(env, Knob::FusedMax, d.fused_max())?,
+        byte_limit(env, Knob::TwoshotMax, d.twoshot_max())?,
+        row_elems,
+    )
+}
+
+/// Nanoseconds of a wait bound of `seconds`: finite, above 0, at most
+/// [`MAX_TIMEOUT_S`]; `operand` names the argument or variable it came from.
+pub fn timeout_ns(seconds: f64, operand: &'static str) -> Result<u64> {
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= MAX_TIMEOUT_S) {
+        return Err(Error::InvalidValue {
+            op: OP,
+            operand: operand.into(),
+            expected: Knob::TimeoutS.accepted().into(),
+            got: seconds.to_string(),
+        });
+    }
+    // at most 3.6e12: exact in f64 and in i64
+    Ok(((seconds * 1e9).round() as u64).max(1))
+}
+
+/// The wait bound from the environment ([`DEFAULT_TIMEOUT_S`] when unset).
+pub fn timeout_ns_from_env(env: &EnvValues) -> Result<u64> {
+    let knob = Knob::TimeoutS;
+    let Some(text) = env.get(knob) else {
+        return timeout_ns(DEFAULT_TIMEOUT_S, knob.var());
+    };
+    let seconds = text.trim().parse::<f64>().map_err(|_| knob.refuse(text))?;
+    timeout_ns(seconds, knob.var()).map_err(|_| knob.refuse(text))
+}
+
+/// The two-shot transport from the environment: Some(push) or None for auto
+/// (also when unset).
+pub fn twoshot_push_from_env(env: &EnvValues) -> Result<Option<bool>> {
+    let knob = Knob::TwoshotPush;
+    let Some(text) = env.get(knob) else {
+        return Ok(None);
+    };
+    match text.trim().to_ascii_lowercase().as_str() {
+        "0" => Ok(Some(false)),
+        "1" => Ok(Some(true)),
+        "auto" => Ok(None),
+        _ => Err(knob.refuse(text)),
+    }
+}
+
+/// The rank the set-up test hook fails, if set.
+pub fn fail_setup_rank_from_env(env: &EnvValues) -> Result<Option<u32>> {
+    let knob = Knob::FailSetupRank;
+    env.get(knob).map(|text| text.trim().parse::<u32>().map_err(|_| knob.refuse(text))).transpose()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(Knob, &str)]) -> EnvValues {
+        let mut e = EnvValues::default();
+        for &(k, v) in pairs {
+            e.set(k, v);
+        }
+        e
+    }
+
+    #[test]
+    fn defaults_when_unset() {
+        let e = EnvValues::default();
+        assert_eq!(limits_from_env(&e).unwrap(), Limits::DEFAULT);
+        assert_eq!(timeout_ns_from_env(&e).unwrap(), 60_000_000_000);
+        assert_eq!(twoshot_push_from_env(&e).unwrap(), None);
+        assert_eq!(fail_setup_rank_from_env(&e).unwrap(), None);
+    }
+
+    #[test]
+    fn values_parse_by_their_grammar() {
+        let e = env(&[
+            (Knob::OneshotMax, "16KB"),
+            (Knob::FusedMax, "72KB"),
+            (Knob::TwoshotMax, "768KB"),
+            (Knob::TwoshotRowElems, " 896 "),
+            (Knob::TimeoutS, "2.5"),
+            (Knob::TwoshotPush, "Auto"),
+            (Knob::FailSetupRank, "1"),
+        ]);
+        assert_eq!(limits_from_env(&e).unwrap(), Limits::new(16384, 73728, 786432, 896).unwrap());
+        assert_eq!(timeout_ns_from_env(&e).unwrap(), 2_500_000_000);
+        assert_eq!(twoshot_push_from_env(&e).unwrap(), None);
+        assert_eq!(fail_setup_rank_from_env(&e).unwrap(), Some(1));
+        for off in ["", "0", "off", "None", " disabled "] {
+            let e = env(&[(Knob::TwoshotMax, off)]);
+            assert_eq!(limits_from_env(&e).unwrap().twoshot_max(), 0, "{off:?}");
+        }
+        assert_eq!(twoshot_push_from_env(&env(&[(Knob::TwoshotPush, "1")])).unwrap(), Some(true));
+        assert_eq!(twoshot_push_from_env(&env(&[(Knob::TwoshotPush, "0")])).unwrap(), Some(false));
+    }
+
+    /// Every knob refuses garbage with its variable and its accepted form.
+    #[test]
+    fn garbage_names_the_variable_and_the_accepted_form() {
+        let garbage: [(Knob, &[&str]); 7] = [
+            (Knob::OneshotMax, &["abc", "-1", "2t", "1.5k", ""]),
+            (Knob::FusedMax, &["12 parsecs", "-4k"]),
+            (Knob::TwoshotMax, &["auto", "-1", "3t"]),
+            (Knob::TwoshotRowElems, &["0", "-3", "4k", "1e3", "4294967296"]),
+            (Knob::TimeoutS, &["abc", "inf", "nan", "1e300", "0", "-1", "3601", ""]),
+            (Knob::TwoshotPush, &["yes", "2", ""]),
+            (Knob::FailSetupRank, &["one", "-1", ""]),
+        ];
+        for (knob, values) in garbage {
+            for &text in values {
+                let e = env(&[(knob, text)]);
+                let err = match knob {
+                    Knob::TimeoutS => timeout_ns_from_env(&e).map(|_| ()),
+                    Knob::TwoshotPush => twoshot_push_from_env(&e).map(|_| ()),
+                    Knob::FailSetupRank => fail_setup_rank_from_env(&e).map(|_| ()),
+                    _ => limits_from_env(&e).map(|_| ()),
+                }
+                .expect_err(text)
+                .to_string();
+                assert!(err.starts_with(&format!("AllReduce: {} expected ", knob.var())), "{err}");
+                assert!(err.contains(&format!("got {text:?}")), "{err}");
+            }
+        }
+        let e = limits_from_env(&env(&[(Knob::FusedMax, "-1")])).unwrap_err().to_string();
+        assert!(e.contains("non-negative"), "{e}");
+        let e = limits_from_env(&env(&[(Knob::OneshotMax, "5x")])).unwrap_err().to_string();
+        assert!(e.contains("invalid byte-size suffix"), "{e}");
+    }
+
+    #[test]
+    fn timeouts_are_finite_positive_and_bounded() {
+        assert_eq!(timeout_ns(30.0, "timeout_s").unwrap(), 30_000_000_000);
+        assert_eq!(timeout_ns(3600.0, "timeout_s").unwrap(), 3_600_000_000_000);
+        assert_eq!(timeout_ns(1e-12, "timeout_s").unwrap(), 1);
+        for bad in [0.0, -1.0, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 1e300, 3600.5] {
+            let e = timeout_ns(bad, "timeout_s").unwrap_err().to_string();
+            assert!(e.starts_with("AllReduce: timeout_s expected seconds"), "{bad}: {e}");
+        }
+        // the agreed contract carries the nanoseconds as int64
+        assert!(timeout_ns(MAX_TIMEOUT_S, "t").unwrap() < i64::MAX as u64);
+    }
+
+    #[test]
+    fn variables_are_distinct() {
+        let mut vars: Vec<_> = Knob::ALL.iter().map(|k| k.var()).collect();
+        vars.sort_unstable();
+        vars.dedup();
+        assert_eq!(vars.len(), Knob::ALL.len());
+        for (i, k) in Knob::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i);
+        }
+    }
+}
