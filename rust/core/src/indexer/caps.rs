@@ -117,17 +117,24 @@ fn in_range(operand: &'static str, v: i64, lo: u32, hi: u32) -> Result<u32> {
 /// (`torch.device("cuda:300")` silently becomes cuda:44).
 pub const MAX_CUDA_ORDINAL: u32 = i8::MAX as u32;
 
-/// The device rule of [`Caps::new`], for callers that must check an ordinal
-/// before they build anything from it: cpu, or cuda:N with N <= 127.
+/// A caller's CUDA ordinal, checked before anything is built from it:
+/// 0 ..= [`MAX_CUDA_ORDINAL`].
+pub fn cuda_ordinal(ordinal: i64) -> Result<u32> {
+    match u32::try_from(ordinal) {
+        Ok(i) if i <= MAX_CUDA_ORDINAL => Ok(i),
+        _ => Err(invalid(
+            "device",
+            format!("a CUDA ordinal in [0, {MAX_CUDA_ORDINAL}] (torch's device index is int8)"),
+            ordinal.to_string(),
+        )),
+    }
+}
+
+/// The device rule of [`Caps::new`]: cpu, or cuda:N with N <= 127.
 pub fn check_device(device: Device) -> Result<()> {
     match device {
         Device::Cpu => Ok(()),
-        Device::Cuda(i) if i <= MAX_CUDA_ORDINAL => Ok(()),
-        Device::Cuda(i) => Err(invalid(
-            "device",
-            format!("a CUDA ordinal in [0, {MAX_CUDA_ORDINAL}] (torch's device index is int8)"),
-            i.to_string(),
-        )),
+        Device::Cuda(i) => cuda_ordinal(i as i64).map(|_| ()),
         other => Err(Error::Device {
             op: OP,
             operand: "device".into(),
@@ -265,6 +272,9 @@ mod tests {
              got 300"
         );
         assert!(Caps::new(&CapsRequest { device: Device::Cuda(127), ..request() }).is_ok());
+        assert_eq!(cuda_ordinal(5).unwrap(), 5);
+        assert!(cuda_ordinal(-1).unwrap_err().to_string().ends_with("got -1"));
+        assert!(cuda_ordinal(1 << 40).is_err());
         assert_eq!(
             Mode::parse("chunked").unwrap_err().to_string(),
             "Caps: mode expected one of {decode, prefill}, got \"chunked\""
