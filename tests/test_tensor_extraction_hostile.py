@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import b12x
-import numpy as np
 import pytest
 import torch
 from b12x import _core
@@ -38,7 +37,11 @@ class DLTensor(ctypes.Structure):
 
 
 class DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+    _fields_ = [
+        ("dl_tensor", DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New
@@ -118,7 +121,8 @@ def test_null_shape_with_dimensions_is_refused_not_a_crash():
     e = refused(
         Producer(shape=(3, 4), null_shape=True),
         r"^tensor_meta: tensor expected a tensor with readable metadata, got "
-        r"test_tensor_extraction_hostile.Producer: its DLPack tensor has a NULL shape for ndim = 2$",
+        r"test_tensor_extraction_hostile.Producer: "
+        r"its DLPack tensor has a NULL shape for ndim = 2$",
     )
     assert isinstance(e, b12x.NotATensorError) and isinstance(e, TypeError)
 
@@ -401,7 +405,7 @@ def test_the_shim_switch_refuses_other_values_by_name():
         check=True,
     )
     assert out.stdout.strip() == (
-        'invalid | environment: B12X_TORCH_SHIM expected one of 1/on/true/yes (on) or '
+        "invalid | environment: B12X_TORCH_SHIM expected one of 1/on/true/yes (on) or "
         '0/off/false/no (off), or unset, got "maybe"'
     )
 
