@@ -10,20 +10,20 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
 use b12x_core::indexer::{
-    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId, Route,
-    PAGE_SIZE,
+    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId,
+    Route, PAGE_SIZE,
 };
 use b12x_core::{DType, Device, Error as CoreError};
 use b12x_cuda::indexer::{launch_indexer, IndexerLaunch, MmaFlavor, Route as LaunchRoute};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::exceptions::PyOverflowError;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use crate::error::PyB12xResult;
-use crate::tensor::{extract_torch_tensor, is_torch_tensor};
+use crate::tensor::{extract_torch_tensor, is_torch_tensor, short_repr};
 
 /// Name of the one scratch buffer a plan asks for.
 const SCRATCH_NAME: &str = "paged_indexer.scratch";
@@ -52,10 +52,6 @@ fn torch_device(py: Python<'_>, device: Device) -> PyResult<Py<PyAny>> {
 
 fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Py<PyAny>> {
     Ok(torch(py)?.getattr(dtype.name())?.unbind())
-}
-
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "an object".into())
 }
 
 fn caps_invalid(field: &'static str, expected: &'static str, got: String) -> CoreError {
@@ -137,9 +133,8 @@ fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
             }
         }
     } else if obj.is_instance_of::<PyInt>() {
-        let ordinal = obj
-            .extract::<i64>()
-            .map_err(|_| bad_device(obj, "not a CUDA ordinal".into()))?;
+        let ordinal =
+            obj.extract::<i64>().map_err(|_| bad_device(obj, "not a CUDA ordinal".into()))?;
         return cuda_device(py, ordinal, &ordinal.to_string(), None);
     }
     let given = obj.is_instance(torch_device_type(py)?)?;
@@ -155,7 +150,8 @@ fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
     match kind.as_str() {
         "cpu" => Ok((Device::Cpu, torch_device(py, Device::Cpu)?)),
         "cuda" => {
-            let got = short_repr(obj);
+            // a torch.device reads as torch prints it ("cuda:3"), anything else by repr
+            let got = if given { dev.str()?.to_string() } else { short_repr(obj) };
             match dev.getattr(intern!(py, "index"))?.extract::<Option<i64>>()? {
                 Some(i) => cuda_device(py, i, &got, given.then_some(&dev)),
                 None => {

@@ -107,7 +107,8 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "an unknown object".into())
 }
 
-fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+/// `repr(obj)` for messages, cut after 60 characters.
+pub(crate) fn short_repr(obj: &Bound<'_, PyAny>) -> String {
     const MAX: usize = 60;
     let r = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| type_name(obj));
     match r.char_indices().nth(MAX) {
@@ -241,7 +242,9 @@ pub fn extract_torch_tensor(
     }
     if obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false) {
         let got = type_name(obj);
-        return Err(CoreError::ForeignTensor { op, operand: operand.to_string().into(), got }.into());
+        return Err(
+            CoreError::ForeignTensor { op, operand: operand.to_string().into(), got }.into()
+        );
     }
     Err(not_a_tensor(obj, op, operand))
 }

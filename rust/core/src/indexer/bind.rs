@@ -539,7 +539,8 @@ mod tests {
     fn written_operands_are_disjoint_from_every_input() {
         let p = plan(Mode::Decode, IndexSpace::Logical);
         // every (written, read) pair, the written operand placed over the read one
-        let readers: [(&str, fn(&Fixture) -> u64); 6] = [
+        type Address = fn(&Fixture) -> u64;
+        let readers: [(&str, Address); 6] = [
             ("q_fp8", |f| f.q.data_ptr),
             ("query_weights", |f| f.w.data_ptr),
             ("index_k_cache", |f| f.k.data_ptr),
