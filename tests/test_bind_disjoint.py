@@ -8,7 +8,7 @@ import b12x
 import pytest
 import torch
 from b12x.attention import dsa_indexer as di
-from dsa_indexer_cases import caps_for, make_inputs
+from dsa_indexer_cases import caps_for, make_inputs, operands
 
 ROWS, HEADS, WIDTH, TOPK = 3, 16, 4, 512
 READ = ["q_fp8", "query_weights", "index_k_cache", "page_table", "cache_lengths", "active_width"]
@@ -16,24 +16,9 @@ WRITTEN = ["scratch", "output_indices", "output_scores"]
 
 
 @pytest.fixture
-def inputs():
-    return make_inputs(rows=ROWS, heads=HEADS, width=WIDTH, lengths=[200, 100, 0])
-
-
-@pytest.fixture
-def plan(inputs):
-    return di.plan(caps_for(inputs, TOPK))
-
-
-def operands(inputs, plan, **changes):
-    ops = {
-        "scratch": torch.empty(plan.nbytes, dtype=torch.uint8),
-        **inputs,
-        "output_indices": torch.empty((ROWS, TOPK), dtype=torch.int32),
-        "output_scores": torch.empty((ROWS, TOPK), dtype=torch.float32),
-    }
-    ops.update(changes)
-    return ops
+def case():
+    inputs = make_inputs(rows=ROWS, heads=HEADS, width=WIDTH, lengths=[200, 100, 0])
+    return inputs, di.plan(caps_for(inputs, TOPK))
 
 
 def nbytes(t):
@@ -52,7 +37,8 @@ def over(target, like):
 
 @pytest.mark.parametrize("reader", READ)
 @pytest.mark.parametrize("writer", WRITTEN)
-def test_every_written_operand_over_every_input_is_refused(inputs, plan, writer, reader):
+def test_every_written_operand_over_every_input_is_refused(case, writer, reader):
+    inputs, plan = case
     ops = operands(inputs, plan)
     ops[reader], ops[writer] = over(ops[reader], ops[writer])
     with pytest.raises(b12x.ConfigError) as e:
@@ -62,7 +48,8 @@ def test_every_written_operand_over_every_input_is_refused(inputs, plan, writer,
     assert f"overlapping {reader}'s bytes [0x{ops[reader].data_ptr():x}, " in msg
 
 
-def test_writers_are_disjoint_from_each_other(inputs, plan):
+def test_writers_are_disjoint_from_each_other(case):
+    inputs, plan = case
     big = torch.empty(plan.nbytes + 2 * ROWS * TOPK * 4, dtype=torch.uint8)
     inside = big[1024 : 1024 + ROWS * TOPK * 4].view(torch.int32).view(ROWS, TOPK)
     refused = r"^bind: output_indices expected memory disjoint from scratch, got bytes"
@@ -75,7 +62,8 @@ def test_writers_are_disjoint_from_each_other(inputs, plan):
         di.bind(plan, **operands(inputs, plan, output_indices=both, output_scores=scores))
 
 
-def test_a_scratch_over_the_kv_cache_is_refused(inputs, plan):
+def test_a_scratch_over_the_kv_cache_is_refused(case):
+    inputs, plan = case
     # the failure the check exists for: the scorer's scratch writes would land in the cache
     cache = torch.zeros((64, 8448), dtype=torch.uint8)
     scratch = cache.view(-1)[: plan.nbytes]
@@ -84,7 +72,8 @@ def test_a_scratch_over_the_kv_cache_is_refused(inputs, plan):
         di.bind(plan, **operands(inputs, plan, index_k_cache=cache, scratch=scratch))
 
 
-def test_one_shared_byte_is_enough_and_touching_is_fine(inputs, plan):
+def test_one_shared_byte_is_enough_and_touching_is_fine(case):
+    inputs, plan = case
     raw = torch.empty(plan.nbytes + 64 + 4 * ROWS, dtype=torch.uint8)
     start = (-raw.data_ptr()) % 16
     scratch = raw[start : start + plan.nbytes]
@@ -95,7 +84,8 @@ def test_one_shared_byte_is_enough_and_touching_is_fine(inputs, plan):
         di.bind(plan, **operands(inputs, plan, scratch=scratch, cache_lengths=sharing))
 
 
-def test_inputs_may_alias_each_other(inputs, plan):
+def test_inputs_may_alias_each_other(case):
+    inputs, plan = case
     lens = inputs["cache_lengths"]
     aw = lens[:1]  # active width read from the first length's bytes
     table = torch.zeros((ROWS, WIDTH), dtype=torch.int32)
@@ -107,13 +97,15 @@ def test_inputs_may_alias_each_other(inputs, plan):
     di.run(b)
 
 
-def test_the_larger_scratchs_unused_tail_is_the_callers(inputs, plan):
+def test_the_larger_scratchs_unused_tail_is_the_callers(case):
+    inputs, plan = case
     big = torch.empty(plan.nbytes + 4096 + ROWS * TOPK * 4, dtype=torch.uint8)
     tail = big[-(ROWS * TOPK * 4) :].view(torch.int32).view(ROWS, TOPK)
     di.bind(plan, **operands(inputs, plan, scratch=big, output_indices=tail))
 
 
-def test_the_strided_extent_counts_not_only_the_touched_bytes(inputs, plan):
+def test_the_strided_extent_counts_not_only_the_touched_bytes(case):
+    inputs, plan = case
     # pages 8448 + 8192 bytes apart: an output inside the padding after page 2 touches
     # no byte of any page, but it is inside the cache view's byte range and refused
     # (the rule is a cheap, conservative one)
@@ -130,7 +122,8 @@ def test_the_strided_extent_counts_not_only_the_touched_bytes(inputs, plan):
     di.bind(plan, **operands(inputs, plan, index_k_cache=cache, output_indices=after))
 
 
-def test_empty_outputs_overlap_nothing(inputs):
+def test_empty_outputs_overlap_nothing(case):
+    inputs, _ = case
     kept = ("index_k_cache", "active_width")
     zero = {k: v if k in kept else v[:0] for k, v in inputs.items()}
     p = di.plan(caps_for(inputs, TOPK))

@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 import torch
 from b12x.attention import dsa_indexer as di
+from test_dsa_indexer_caps import caps
 
-BASE = {
-    "device": "cpu",
-    "num_q_heads": 64,
-    "max_q_rows": 16,
-    "max_page_table_width": 1024,
-    "topk": 512,
-}
 INT_FIELDS = [
     "num_q_heads",
     "max_q_rows",
@@ -25,10 +19,6 @@ INT_FIELDS = [
     "page_size",
     "supertile_tokens",
 ]
-
-
-def caps(**kw):
-    return di.Caps(**{**BASE, **kw})
 
 
 @pytest.mark.parametrize("field", INT_FIELDS)

@@ -16,7 +16,7 @@ import pytest
 import torch
 from b12x import _core
 from b12x.attention import dsa_indexer as di
-from dsa_indexer_cases import caps_for, make_inputs
+from dsa_indexer_cases import caps_for, make_inputs, operands
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -322,12 +322,7 @@ def di_bind_one(q):
     """bind with ``q`` as q_fp8 (every other operand valid)."""
     inputs = make_inputs(rows=2, heads=16, width=2, lengths=[64, 64])
     plan = di.plan(caps_for(inputs, 512))
-    di.bind(
-        plan,
-        scratch=torch.empty(plan.nbytes, dtype=torch.uint8),
-        **{**inputs, "q_fp8": q},
-        output_indices=torch.empty((2, 512), dtype=torch.int32),
-    )
+    di.bind(plan, **operands(inputs, plan, q_fp8=q))
 
 
 # --- non-torch operands of bind ----------------------------------------------------------
@@ -337,13 +332,7 @@ def di_bind_one(q):
 def bind_case():
     inputs = make_inputs(rows=2, heads=16, width=2, lengths=[64, 64])
     plan = di.plan(caps_for(inputs, 512))
-    ops = {
-        "scratch": torch.empty(plan.nbytes, dtype=torch.uint8),
-        **inputs,
-        "output_indices": torch.empty((2, 512), dtype=torch.int32),
-        "output_scores": torch.empty((2, 512), dtype=torch.float32),
-    }
-    return plan, ops
+    return plan, operands(inputs, plan)
 
 
 @pytest.mark.parametrize(
