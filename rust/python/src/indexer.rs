@@ -223,6 +223,12 @@ fn quote_huge(e: CoreError, args: &[IntArg]) -> CoreError {
 /// ``output_index_space`` "logical" (request-relative position) or
 /// "physical" (page_id*64 + slot); ``supertile_tokens`` 0 picks
 /// min(32768, width*64 rounded up to 512) K rows per chunk.
+///
+/// Integer fields take ints (numpy integers too), never bools or floats; an
+/// omitted or ``None`` optional field takes its default. ``device`` is a
+/// torch.device, "cpu", "cuda" (torch's current device), "cuda:N" or an
+/// ordinal N, and a CUDA device must be one torch can see (N <= 127). Every
+/// refusal is a ``ConfigError`` naming the field.
 #[pyclass(name = "Caps", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyCaps {
     caps: Caps,
