@@ -209,17 +209,7 @@ pub fn extract(
 ) -> PyB12xResult<TensorMeta> {
     let reading = Reading { obj, op, operand };
     if let Some(exact) = torch_kind(obj) {
-        // subclasses may override metadata in Python: they take the attribute path
-        if let Some(meta) = if exact { torch_abi::extract(obj)? } else { None } {
-            if torch_abi::unchecked() {
-                // first use: trust the shim only if it agrees with torch's own getters
-                let attrs = extract_torch(&reading)?;
-                torch_abi::set_checked(attrs == meta);
-                return Ok(attrs);
-            }
-            return Ok(meta);
-        }
-        return extract_torch(&reading);
+        return read_torch(&reading, exact);
     }
     let has_dlpack = obj
         .hasattr(intern!(obj.py(), "__dlpack__"))
@@ -237,8 +227,8 @@ pub fn extract_torch_tensor(
     op: &'static str,
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
-    if is_torch_tensor(obj) {
-        return extract(obj, op, operand);
+    if let Some(exact) = torch_kind(obj) {
+        return read_torch(&Reading { obj, op, operand }, exact);
     }
     if obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false) {
         let got = type_name(obj);
@@ -247,6 +237,21 @@ pub fn extract_torch_tensor(
         );
     }
     Err(not_a_tensor(obj, op, operand))
+}
+
+/// A torch tensor; `exact`: torch.Tensor itself, not a subclass.
+fn read_torch(r: &Reading<'_, '_>, exact: bool) -> PyB12xResult<TensorMeta> {
+    // subclasses may override metadata in Python: they take the attribute path
+    if let Some(meta) = if exact { torch_abi::extract(r.obj)? } else { None } {
+        if torch_abi::unchecked() {
+            // first use: trust the shim only if it agrees with torch's own getters
+            let attrs = extract_torch(r)?;
+            torch_abi::set_checked(attrs == meta);
+            return Ok(attrs);
+        }
+        return Ok(meta);
+    }
+    extract_torch(r)
 }
 
 /// A torch.Size / tuple of ints (`what` names it in errors).
