@@ -543,7 +543,14 @@ fn parse_dtype(name: &str) -> PyB12xResult<DType> {
     ];
     let name = name.strip_prefix("torch.").unwrap_or(name);
     ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| {
-        pyo3::exceptions::PyValueError::new_err(format!("unknown dtype name {name:?}")).into()
+        let names: Vec<&str> = ALL.iter().map(|d| d.name()).collect();
+        CoreError::InvalidValue {
+            op: "validate_operand",
+            operand: "dtypes".into(),
+            expected: format!("dtype names from {{{}}}", names.join(", ")).into(),
+            got: format!("{name:?}"),
+        }
+        .into()
     })
 }
 
@@ -552,9 +559,12 @@ fn parse_device(name: &str) -> PyB12xResult<Device> {
         "cpu" => Ok(Device::Cpu),
         _ => name.strip_prefix("cuda:").and_then(|i| i.parse().ok()).map(Device::Cuda).ok_or_else(
             || {
-                pyo3::exceptions::PyValueError::new_err(format!(
-                    "device must be 'cpu' or 'cuda:N', got {name:?}"
-                ))
+                CoreError::InvalidValue {
+                    op: "validate_operand",
+                    operand: "device".into(),
+                    expected: "'cpu' or 'cuda:N'".into(),
+                    got: format!("{name:?}"),
+                }
                 .into()
             },
         ),
