@@ -85,3 +85,17 @@ def bind_all(plan: Any, inputs: dict[str, Any], idx: Any, scores: Any = None, **
     return di.bind(
         plan, scratch=scratch, output_indices=idx, output_scores=scores, **{**inputs, **kw}
     )
+
+
+def operands(inputs: dict[str, Any], plan: Any, **changes: Any) -> dict[str, Any]:
+    """Every keyword of one ``bind``: ``inputs`` plus a fresh scratch and both
+    outputs on the inputs' device, then ``changes``."""
+    rows, device = inputs["q_fp8"].shape[0], inputs["q_fp8"].device
+    ops = {
+        "scratch": torch.empty(plan.nbytes, dtype=torch.uint8, device=device),
+        **inputs,
+        "output_indices": torch.empty((rows, plan.topk), dtype=torch.int32, device=device),
+        "output_scores": torch.empty((rows, plan.topk), dtype=torch.float32, device=device),
+    }
+    ops.update(changes)
+    return ops

@@ -9,7 +9,7 @@ import b12x
 import pytest
 import torch
 from b12x.attention import dsa_indexer as di
-from dsa_indexer_cases import caps_for, make_inputs
+from dsa_indexer_cases import caps_for, make_inputs, operands
 
 ROWS, HEADS, WIDTH, TOPK = 3, 16, 4, 512
 
@@ -22,17 +22,6 @@ def inputs():
 @pytest.fixture
 def plan(inputs):
     return di.plan(caps_for(inputs, TOPK))
-
-
-def operands(inputs, plan, **changes):
-    ops = {
-        "scratch": torch.empty(plan.nbytes, dtype=torch.uint8),
-        **inputs,
-        "output_indices": torch.empty((ROWS, TOPK), dtype=torch.int32),
-        "output_scores": torch.empty((ROWS, TOPK), dtype=torch.float32),
-    }
-    ops.update(changes)
-    return ops
 
 
 def misaligned(shape, dtype, offset_bytes):

@@ -93,3 +93,10 @@ def test_extent_overflow():
 def test_not_a_tensor():
     with pytest.raises(b12x.NotATensorError, match=r"x expected a tensor .* got dict"):
         check({})
+
+
+def test_bad_check_arguments_are_config_errors():
+    with pytest.raises(b12x.ConfigError, match=r"^validate_operand: dtypes expected dtype names"):
+        check(torch.empty(4), dtypes=["float33"])
+    with pytest.raises(b12x.ConfigError, match=r"^validate_operand: device expected 'cpu' or"):
+        check(torch.empty(4), device="gpu0")

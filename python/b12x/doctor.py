@@ -6,6 +6,7 @@ import platform
 import sys
 
 from b12x import _core
+from b12x.errors import B12xError
 
 
 def _line(key: str, value: object) -> None:
@@ -22,11 +23,14 @@ def report() -> dict:
         info["torch"] = torch.__version__
         info["torch_cuda"] = torch.version.cuda
         # one read makes the fast metadata path check itself against torch's getters
-        _core.tensor_meta(torch.zeros(2))
-        info["torch_metadata_path"] = {
-            "trusted": "torch C shim (checked against torch's getters)",
-            "off": "attribute reads (C shim off or unavailable)",
-        }.get(_core.torch_shim_state(), _core.torch_shim_state())
+        try:
+            _core.tensor_meta(torch.zeros(2))
+            info["torch_metadata_path"] = {
+                "trusted": "torch C shim (checked against torch's getters)",
+                "off": "attribute reads (C shim off or unavailable)",
+            }.get(_core.torch_shim_state(), _core.torch_shim_state())
+        except B12xError as e:  # a bad B12X_TORCH_SHIM value
+            info["torch_metadata_path"] = f"error: {e}"
     except ImportError:
         info["torch"] = None
     info["driver_present"] = _core.driver_present()

@@ -3,6 +3,10 @@
 Each benchmark module exposes ``add_arguments(parser)`` and ``run(args) ->
 BenchResult``; results print as a table and, with ``--json``, are written as
 ``{"meta": {...}, "results": [{"case", "arm", "median_us", "samples_us", ...}]}``.
+
+Arguments are checked by the parser (``b12x._cli_args`` types); an
+``add_arguments`` may also ``set_defaults(preflight=check)``, a check of the
+machine (e.g. ``require_gpus``) that runs before the benchmark does.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from b12x._cli_args import output_file
 from b12x.bench.common import BenchResult, write_report
 
 # name -> module under b12x.bench (imported on use: benches may need a GPU)
@@ -27,12 +32,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     for name, module in BENCHES.items():
         mod = importlib.import_module(f"b12x.bench.{module}")
         p = sub.add_parser(name, help=(mod.__doc__ or "").strip().splitlines()[0])
-        p.add_argument("--json", metavar="FILE", help="write every sample as JSON")
+        p.add_argument(
+            "--json", metavar="FILE", type=output_file, help="write every sample as JSON"
+        )
         mod.add_arguments(p)
 
 
 def run_bench(args: argparse.Namespace) -> int:
     mod = importlib.import_module(f"b12x.bench.{BENCHES[args.bench]}")
+    preflight = getattr(args, "preflight", None)
+    if preflight is not None:
+        preflight(args)
     result: BenchResult = mod.run(args)
     write_report(result, args.json)
     return 0 if result.ok else 1

@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from b12x._cli_args import int_at_least, positive_int, require_gpus
 from b12x.bench.common import BenchResult
 from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
 
@@ -34,10 +35,16 @@ TARGETS = {"oneshot": 0.6, "fused": 0.6, "twoshot": 0.9}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, default=None, help="processes/GPUs (default: all)")
-    p.add_argument("--calls", type=int, default=20, help="calls per graph replay / eager sample")
-    p.add_argument("--samples", type=int, default=60, help="timed replays per case")
+    p.add_argument(
+        "--gpus", type=int_at_least(2), default=None, help="processes/GPUs (default: all)"
+    )
+    p.add_argument(
+        "--calls", type=positive_int, default=20, help="calls per graph replay / eager sample"
+    )
+    p.add_argument("--samples", type=positive_int, default=60, help="timed replays per case")
     p.add_argument("--quick", action="store_true", help="fewer sizes (smoke test)")
+    # without the GPUs, one line instead of a traceback from a spawned worker
+    p.set_defaults(preflight=require_gpus(lambda args: args.gpus or 2))
 
 
 def run(args: argparse.Namespace) -> BenchResult:

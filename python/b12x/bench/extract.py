@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from b12x import _core
+from b12x._cli_args import positive_int
 from b12x.bench.common import BenchResult, time_per_call_us
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--number", type=int, default=20000, help="calls per sample")
-    p.add_argument("--repeats", type=int, default=5, help="samples per arm")
+    p.add_argument("--number", type=positive_int, default=20000, help="calls per sample")
+    p.add_argument("--repeats", type=positive_int, default=5, help="samples per arm")
 
 
 def run(args: argparse.Namespace) -> BenchResult:

@@ -15,6 +15,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from b12x._cli_args import positive_int
 from b12x.bench.common import BenchResult
 
 HBM_BYTES_PER_S = 4.3e12
@@ -58,8 +59,10 @@ FLAVORS = {"e4m3": 1, "f16": 2, "wgmma": 3}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=sorted(CASES))
-    p.add_argument("--iters", type=int, default=50, help="timed replays per arm")
-    p.add_argument("--torch-iters", type=int, default=10, help="timed replays of the torch arm")
+    p.add_argument("--iters", type=positive_int, default=50, help="timed replays per arm")
+    p.add_argument(
+        "--torch-iters", type=positive_int, default=10, help="timed replays of the torch arm"
+    )
     p.add_argument("--no-torch", action="store_true", help="skip the torch arm")
     p.add_argument(
         "--flavor-arms",

@@ -24,6 +24,7 @@ import timeit
 from pathlib import Path
 from typing import Any
 
+from b12x._cli_args import non_negative_int, positive_int
 from b12x.bench.common import BenchResult
 
 ARMS = ("scan", "dict", "b12x")
@@ -38,14 +39,16 @@ SCAN_TARGET_DECLARATIONS = 4096
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--declarations",
-        type=int,
+        type=positive_int,
         nargs="+",
         default=[64, 512, 4096, 65536],
         help="numbers of declarations N (default: 64 512 4096 65536)",
     )
-    p.add_argument("--iterations", type=int, default=1000, help="calls per sample")
-    p.add_argument("--repeats", type=int, default=5, help="samples per arm and case")
-    p.add_argument("--warmup", type=int, default=100, help="untimed calls before timing")
+    p.add_argument("--iterations", type=positive_int, default=1000, help="calls per sample")
+    p.add_argument("--repeats", type=positive_int, default=5, help="samples per arm and case")
+    p.add_argument(
+        "--warmup", type=non_negative_int, default=100, help="untimed calls before timing"
+    )
     p.add_argument(
         "--arms", nargs="+", choices=ARMS, default=list(ARMS), help="arms to run (default: all)"
     )

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 
 from b12x import _core
+from b12x._cli_args import device, indexer_topk, positive_int
 from b12x.bench.common import BenchResult, time_per_call_us
 
 TARGETS_US = {"plan_hit": 0.5, "bind": 4.0}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--number", type=int, default=20000, help="calls per sample")
-    p.add_argument("--repeats", type=int, default=7, help="samples per arm")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if usable)")
-    p.add_argument("--rows", type=int, default=64)
-    p.add_argument("--heads", type=int, default=64)
-    p.add_argument("--width", type=int, default=512, help="page-table width in pages")
-    p.add_argument("--topk", type=int, default=512)
+    p.add_argument("--number", type=positive_int, default=20000, help="calls per sample")
+    p.add_argument("--repeats", type=positive_int, default=7, help="samples per arm")
+    p.add_argument(
+        "--device", type=device, default=None, help="cpu or cuda[:N] (default: cuda if usable)"
+    )
+    p.add_argument("--rows", type=positive_int, default=64)
+    p.add_argument("--heads", type=positive_int, default=64)
+    p.add_argument("--width", type=positive_int, default=512, help="page-table width in pages")
+    p.add_argument("--topk", type=indexer_topk, default=512, help="512, 1024 or 2048")
 
 
 def _device(arg: str | None) -> str:

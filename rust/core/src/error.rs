@@ -71,6 +71,33 @@ pub enum Error {
     )]
     NotATensor { op: &'static str, operand: Name, got: String },
 
+    /// A producer whose metadata cannot be read: a raising or lying
+    /// `__dlpack__` / `data_ptr()`, a malformed DLPack capsule.
+    #[error("{op}: {operand} expected a tensor with readable metadata, got {got}: {problem}")]
+    BadTensor { op: &'static str, operand: Name, got: String, problem: String },
+
+    /// A tensor producer an op cannot keep or run with (only torch tensors).
+    #[error(
+        "{op}: {operand} expected a torch.Tensor, got {got}; {op} keeps the tensor objects and \
+         the work runs on torch's current stream or in the PyTorch reference, so convert it \
+         first with torch.from_dlpack (no copy)"
+    )]
+    ForeignTensor { op: &'static str, operand: Name, got: String },
+
+    /// Memory an op writes overlaps memory it reads or also writes.
+    #[error(
+        "{op}: {operand} expected memory disjoint from {other}, got bytes [{:#x}, {:#x}) \
+         overlapping {other}'s bytes [{:#x}, {:#x})",
+        range.0, range.1, other_range.0, other_range.1
+    )]
+    Overlap {
+        op: &'static str,
+        operand: Name,
+        other: Name,
+        range: (u64, u64),
+        other_range: (u64, u64),
+    },
+
     #[error("{0}")]
     UndeclaredPlan(String),
 }
@@ -116,6 +143,19 @@ mod tests {
             got: DType::I32,
         };
         assert!(e.to_string().contains("one of {float32, bfloat16}, got int32"));
+
+        let e = Error::Overlap {
+            op: "bind",
+            operand: "scratch".into(),
+            other: "index_k_cache".into(),
+            range: (0x1000, 0x2000),
+            other_range: (0x1800, 0x1900),
+        };
+        assert_eq!(
+            e.to_string(),
+            "bind: scratch expected memory disjoint from index_k_cache, got bytes [0x1000, \
+             0x2000) overlapping index_k_cache's bytes [0x1800, 0x1900)"
+        );
 
         let e = Error::Alignment { op: "bind", operand: "scratch".into(), align: 16, addr: 0x1004 };
         assert_eq!(

@@ -29,14 +29,43 @@ pub enum DType {
     I64,
     U8,
     Bool,
-    /// Anything else, by DLPack (code, bits).
+    /// Anything else, by DLPack (code, bits); [`DType::UNKNOWN`] when the
+    /// producer named a type with no DLPack code b12x knows.
     Other {
         code: u8,
         bits: u8,
     },
 }
 
+/// DLPack type codes (dlpack.h v1.1 `DLDataTypeCode`) and the names b12x
+/// prints for them; fp8/fp6/fp4 codes name one format each.
+const DLPACK_CODE_NAMES: [&str; 18] = [
+    "int",
+    "uint",
+    "float",
+    "opaque_handle",
+    "bfloat",
+    "complex",
+    "bool",
+    "float8_e3m4",
+    "float8_e4m3",
+    "float8_e4m3b11fnuz",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float6_e2m3fn",
+    "float6_e3m2fn",
+    "float4_e2m1fn",
+];
+/// First DLPack code whose name already says its width (the narrow floats).
+const DLPACK_FIRST_NAMED_FORMAT: u8 = 7;
+
 impl DType {
+    /// A type b12x cannot name at all (no DLPack code known for it).
+    pub const UNKNOWN: DType = DType::Other { code: 255, bits: 0 };
+
     pub const fn itemsize(self) -> u64 {
         match self {
             DType::F8E4M3 | DType::F8E5M2 | DType::I8 | DType::U8 | DType::Bool => 1,
@@ -68,10 +97,11 @@ impl DType {
 
     /// Maps a DLPack data type (code, bits, lanes) to a dtype.
     /// Codes from dlpack.h v1.1: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool,
-    /// 10 float8_e4m3fn, 12 float8_e5m2.
+    /// 10 float8_e4m3fn, 12 float8_e5m2. Vector types (lanes != 1) and the
+    /// sentinel code 255 are [`DType::UNKNOWN`].
     pub fn from_dlpack(code: u8, bits: u8, lanes: u16) -> DType {
-        if lanes != 1 {
-            return DType::Other { code, bits };
+        if lanes != 1 || code == 255 {
+            return DType::UNKNOWN;
         }
         match (code, bits) {
             (0, 8) => DType::I8,
@@ -93,8 +123,14 @@ impl DType {
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DType::Other { code, bits } => write!(f, "dlpack(code={code}, bits={bits})"),
+        match *self {
+            DType::UNKNOWN => f.write_str("a dtype b12x does not know"),
+            // numpy-style names: int16 (code 0), complex64 (code 5), float8_e4m3fnuz ...
+            DType::Other { code, bits } => match DLPACK_CODE_NAMES.get(code as usize) {
+                Some(name) if code >= DLPACK_FIRST_NAMED_FORMAT => write!(f, "{name}"),
+                Some(name) => write!(f, "{name}{bits}"),
+                None => write!(f, "an unknown DLPack type (code {code}, {bits} bits)"),
+            },
             other => f.write_str(other.name()),
         }
     }
@@ -182,17 +218,34 @@ impl TensorMeta {
     }
 
     /// Number of bytes spanned from element 0 to one past the last element,
-    /// checked in 64-bit. Negative strides are rejected by the caller first.
+    /// checked in 64-bit; None on overflow or on a negative stride of a
+    /// dimension with more than one element (size-1 dimensions never move an
+    /// address, so their stride is ignored).
     pub fn byte_extent(&self) -> Option<u64> {
         if self.is_empty() {
             return Some(0);
         }
         let mut last: u64 = 0;
         for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            if d == 1 {
+                continue;
+            }
             let span = u64::try_from(d - 1).ok()?.checked_mul(u64::try_from(s).ok()?)?;
             last = last.checked_add(span)?;
         }
         last.checked_add(1)?.checked_mul(self.dtype.itemsize())
+    }
+
+    /// The bytes `[start, end)` the tensor spans, or None when the end does
+    /// not fit 64 bits (see [`TensorMeta::byte_extent`]).
+    pub fn byte_range(&self) -> Option<(u64, u64)> {
+        let start = self.address();
+        Some((start, start.checked_add(self.byte_extent()?)?))
+    }
+
+    /// True when some dimension of more than one element has a negative stride.
+    pub fn has_negative_strides(&self) -> bool {
+        self.shape.iter().zip(&self.strides).any(|(&d, &s)| d > 1 && s < 0)
     }
 }
 
@@ -280,10 +333,37 @@ mod tests {
     }
 
     #[test]
+    fn size_one_dimensions_never_count_towards_the_extent() {
+        assert_eq!(meta(DType::I32, &[1], &[-7]).byte_extent(), Some(4));
+        assert_eq!(meta(DType::I32, &[1, 3], &[i64::MIN, 1]).byte_extent(), Some(12));
+        assert!(!meta(DType::I32, &[1, 3], &[-1, 1]).has_negative_strides());
+        assert!(meta(DType::I32, &[2, 3], &[-3, 1]).has_negative_strides());
+        assert_eq!(meta(DType::I32, &[2, 3], &[-3, 1]).byte_extent(), None);
+        assert_eq!(meta(DType::U8, &[4], &[1]).byte_range(), Some((0x1000, 0x1004)));
+        let mut top = meta(DType::U8, &[4], &[1]);
+        top.data_ptr = u64::MAX - 2;
+        assert_eq!(top.byte_range(), None);
+    }
+
+    #[test]
+    fn odd_dtypes_display_readably() {
+        assert_eq!(DType::Other { code: 5, bits: 64 }.to_string(), "complex64");
+        assert_eq!(DType::Other { code: 1, bits: 16 }.to_string(), "uint16");
+        assert_eq!(DType::Other { code: 11, bits: 8 }.to_string(), "float8_e4m3fnuz");
+        assert_eq!(DType::UNKNOWN.to_string(), "a dtype b12x does not know");
+        assert_eq!(
+            DType::Other { code: 99, bits: 8 }.to_string(),
+            "an unknown DLPack type (code 99, 8 bits)"
+        );
+        assert_eq!(DType::from_dlpack(2, 16, 1).to_string(), "float16");
+    }
+
+    #[test]
     fn dlpack_codes_map_to_dtypes() {
         assert_eq!(DType::from_dlpack(10, 8, 1), DType::F8E4M3);
         assert_eq!(DType::from_dlpack(4, 16, 1), DType::BF16);
         assert_eq!(DType::from_dlpack(1, 8, 1), DType::U8);
-        assert_eq!(DType::from_dlpack(2, 32, 4), DType::Other { code: 2, bits: 32 });
+        assert_eq!(DType::from_dlpack(2, 32, 4), DType::UNKNOWN);
+        assert_eq!(DType::from_dlpack(5, 64, 1), DType::Other { code: 5, bits: 64 });
     }
 }

@@ -128,8 +128,10 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// Strides of dimensions with more than one element are >= 0 (a size-1
+    /// dimension's stride never moves an address).
     pub fn non_negative_strides(&self) -> Result<&Self> {
-        if self.meta.strides.iter().all(|&s| s >= 0) {
+        if !self.meta.has_negative_strides() {
             Ok(self)
         } else {
             Err(self.layout_error("non-negative"))
@@ -149,13 +151,25 @@ impl<'a> Operand<'a> {
     /// negative strides, whose extent would run below the base address.
     pub fn byte_extent(&self) -> Result<u64> {
         self.non_negative_strides()?;
-        self.meta.byte_extent().ok_or_else(|| Error::ExtentOverflow {
+        self.meta.byte_extent().ok_or_else(|| self.overflow())
+    }
+
+    /// The bytes `[start, end)` the operand spans, checked in 64-bit.
+    pub fn byte_range(&self) -> Result<(u64, u64)> {
+        let extent = self.byte_extent()?;
+        let start = self.meta.address();
+        let end = start.checked_add(extent).ok_or_else(|| self.overflow())?;
+        Ok((start, end))
+    }
+
+    fn overflow(&self) -> Error {
+        Error::ExtentOverflow {
             op: self.op,
             operand: self.name.clone(),
             shape: self.shape_vec(),
             strides: self.meta.strides.to_vec(),
             itemsize: self.meta.dtype.itemsize(),
-        })
+        }
     }
 
     /// A dimension's extent must not exceed `limit`.
@@ -172,6 +186,37 @@ impl<'a> Operand<'a> {
                 hint: Cow::Borrowed(""),
             })
         }
+    }
+}
+
+/// Values an on/off environment switch accepts (case-insensitive, surrounding
+/// blanks ignored); unset or empty means the switch's default.
+pub const SWITCH_ON: [&str; 4] = ["1", "on", "true", "yes"];
+pub const SWITCH_OFF: [&str; 4] = ["0", "off", "false", "no"];
+
+/// Reads an on/off environment variable's value: `None` for an empty value
+/// (keep the default), an error naming the variable and the accepted values
+/// for anything else that is not in [`SWITCH_ON`] or [`SWITCH_OFF`].
+pub fn parse_switch(variable: &'static str, value: &str) -> Result<Option<bool>> {
+    let v = value.trim().to_ascii_lowercase();
+    if v.is_empty() {
+        Ok(None)
+    } else if SWITCH_ON.contains(&v.as_str()) {
+        Ok(Some(true))
+    } else if SWITCH_OFF.contains(&v.as_str()) {
+        Ok(Some(false))
+    } else {
+        Err(Error::InvalidValue {
+            op: "environment",
+            operand: variable.into(),
+            expected: format!(
+                "one of {} (on) or {} (off), or unset",
+                SWITCH_ON.join("/"),
+                SWITCH_OFF.join("/")
+            )
+            .into(),
+            got: format!("{value:?}"),
+        })
     }
 }
 
@@ -218,6 +263,14 @@ mod tests {
 
         let neg = meta(DType::F32, &[4], &[-1], 0x1000);
         assert!(matches!(Operand::new("t", "n", &neg).byte_extent(), Err(Error::Layout { .. })));
+        // a size-1 dimension's stride is never applied, whatever its sign
+        let one = meta(DType::F32, &[1, 4], &[-1, 1], 0x1000);
+        assert_eq!(Operand::new("t", "o", &one).byte_range().unwrap(), (0x1000, 0x1010));
+        let top = meta(DType::F32, &[4], &[1], u64::MAX - 8);
+        assert!(matches!(
+            Operand::new("t", "top", &top).byte_range(),
+            Err(Error::ExtentOverflow { .. })
+        ));
 
         let huge = meta(DType::F32, &[1 << 40, 1 << 30], &[1 << 30, 1], 0x1000);
         assert!(matches!(
@@ -231,5 +284,21 @@ mod tests {
         let m = meta(DType::I32, &[70, 8], &[8, 1], 0x1000);
         let err = Operand::new("bind", "page_table", &m).dim_at_most(0, 64, "rows").err().unwrap();
         assert_eq!(err.to_string(), "bind: page_table.shape[0] (rows) expected at most 64, got 70");
+    }
+
+    #[test]
+    fn switches_accept_a_documented_set_and_name_the_variable_otherwise() {
+        for v in ["1", "on", "TRUE", " yes "] {
+            assert_eq!(parse_switch("B12X_X", v).unwrap(), Some(true), "{v}");
+        }
+        for v in ["0", "Off", "false", "no"] {
+            assert_eq!(parse_switch("B12X_X", v).unwrap(), Some(false), "{v}");
+        }
+        assert_eq!(parse_switch("B12X_X", "  ").unwrap(), None);
+        assert_eq!(
+            parse_switch("B12X_X", "maybe").unwrap_err().to_string(),
+            "environment: B12X_X expected one of 1/on/true/yes (on) or 0/off/false/no (off), \
+             or unset, got \"maybe\""
+        );
     }
 }

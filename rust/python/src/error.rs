@@ -61,7 +61,9 @@ pub fn core_to_py(e: CoreError) -> PyErr {
     let msg = e.to_string();
     match e {
         CoreError::DType { .. } => DTypeError::new_err(msg),
-        CoreError::NotATensor { .. } => NotATensorError::new_err(msg),
+        CoreError::NotATensor { .. }
+        | CoreError::BadTensor { .. }
+        | CoreError::ForeignTensor { .. } => NotATensorError::new_err(msg),
         CoreError::Device { .. } => DeviceError::new_err(msg),
         CoreError::Rank { .. } | CoreError::Shape { .. } => ShapeError::new_err(msg),
         CoreError::Layout { .. } => LayoutError::new_err(msg),

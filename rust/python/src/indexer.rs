@@ -10,18 +10,20 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 
 use b12x_core::indexer::{
-    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId, Route,
+    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId,
+    Route, PAGE_SIZE,
 };
 use b12x_core::{DType, Device, Error as CoreError};
 use b12x_cuda::indexer::{launch_indexer, IndexerLaunch, MmaFlavor, Route as LaunchRoute};
+use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyInt, PyList, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 use crate::error::PyB12xResult;
-use crate::tensor::{extract, is_torch_tensor};
+use crate::tensor::{extract_torch_tensor, is_torch_tensor, short_repr};
 
 /// Name of the one scratch buffer a plan asks for.
 const SCRATCH_NAME: &str = "paged_indexer.scratch";
@@ -52,41 +54,161 @@ fn torch_dtype(py: Python<'_>, dtype: DType) -> PyResult<Py<PyAny>> {
     Ok(torch(py)?.getattr(dtype.name())?.unbind())
 }
 
+fn caps_invalid(field: &'static str, expected: &'static str, got: String) -> CoreError {
+    CoreError::InvalidValue { op: "Caps", operand: field.into(), expected: expected.into(), got }
+}
+
 fn bad_device(obj: &Bound<'_, PyAny>, why: String) -> CoreError {
-    let got = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| "an object".into());
-    CoreError::InvalidValue {
+    let got = short_repr(obj);
+    caps_invalid(
+        "device",
+        "a torch.device, 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal",
+        if why.is_empty() { got } else { format!("{got} ({why})") },
+    )
+}
+
+/// torch.device, for identity checks.
+fn torch_device_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.import(py, "torch", "device")
+}
+
+/// CUDA devices torch sees, once it has seen one (the count of a process is
+/// fixed when CUDA initialises); zero is asked again.
+static CUDA_DEVICES: AtomicU32 = AtomicU32::new(0);
+
+/// `ordinal` names a CUDA device this process can use.
+fn check_cuda_exists(py: Python<'_>, ordinal: u32, got: &str) -> PyB12xResult<()> {
+    if ordinal < CUDA_DEVICES.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let count = torch(py)?.getattr("cuda")?.call_method0("device_count");
+    let count: u32 = count.and_then(|c| c.extract()).unwrap_or(0);
+    CUDA_DEVICES.fetch_max(count, Ordering::Relaxed);
+    if ordinal < count {
+        return Ok(());
+    }
+    Err(CoreError::InvalidValue {
         op: "Caps",
         operand: "device".into(),
-        expected: "a torch.device, 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal".into(),
-        got: if why.is_empty() { got } else { format!("{got} ({why})") },
+        expected: format!("a CUDA device torch can see (torch.cuda.device_count() is {count})")
+            .into(),
+        got: got.to_string(),
     }
+    .into())
+}
+
+/// A checked CUDA ordinal as (Device, torch.device); `reuse` is the caller's
+/// own torch.device for it, if it passed one.
+fn cuda_device(
+    py: Python<'_>,
+    ordinal: i64,
+    got: &str,
+    reuse: Option<&Bound<'_, PyAny>>,
+) -> PyB12xResult<(Device, Py<PyAny>)> {
+    let i = indexer::cuda_ordinal(ordinal)?;
+    check_cuda_exists(py, i, got)?;
+    let obj = match reuse {
+        Some(dev) => dev.clone().unbind(),
+        None => torch_device(py, Device::Cuda(i))?,
+    };
+    Ok((Device::Cuda(i), obj))
 }
 
 /// A torch.device, a device string or a CUDA ordinal -> (Device, torch.device).
-/// A bare "cuda" means torch's current device.
+/// A bare "cuda" means torch's current device. Ordinals are checked before
+/// torch sees them (`torch.device("cuda:300")` is cuda:44) and against the
+/// devices torch can see; bools are not ordinals.
 fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
     let py = obj.py();
-    if obj.is_instance_of::<PyInt>() {
-        let i: i64 = obj.extract()?;
-        let i = u32::try_from(i).map_err(|_| bad_device(obj, String::new()))?;
-        return Ok((Device::Cuda(i), torch_device(py, Device::Cuda(i))?));
+    if obj.is_instance_of::<PyBool>() {
+        return Err(bad_device(obj, "a bool is not a device".into()).into());
     }
-    let dev = torch(py)?
-        .getattr("device")?
-        .call1((obj,))
-        .map_err(|e| bad_device(obj, e.value(py).to_string()))?;
+    if let Ok(text) = obj.cast::<PyString>() {
+        let text = text.to_cow()?;
+        if let Some(digits) = text.strip_prefix("cuda:") {
+            if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+                let ordinal = digits.parse::<i64>().unwrap_or(i64::MAX);
+                return cuda_device(py, ordinal, &format!("{text:?}"), None);
+            }
+        }
+    } else if obj.is_instance_of::<PyInt>() {
+        let ordinal =
+            obj.extract::<i64>().map_err(|_| bad_device(obj, "not a CUDA ordinal".into()))?;
+        return cuda_device(py, ordinal, &ordinal.to_string(), None);
+    }
+    let given = obj.is_instance(torch_device_type(py)?)?;
+    let dev = if given {
+        obj.clone()
+    } else {
+        torch(py)?
+            .getattr("device")?
+            .call1((obj,))
+            .map_err(|e| bad_device(obj, e.value(py).to_string()))?
+    };
     let kind: String = dev.getattr(intern!(py, "type"))?.extract()?;
     match kind.as_str() {
         "cpu" => Ok((Device::Cpu, torch_device(py, Device::Cpu)?)),
         "cuda" => {
-            let index: Option<u32> = dev.getattr(intern!(py, "index"))?.extract()?;
-            let index = match index {
-                Some(i) => i,
-                None => torch(py)?.getattr("cuda")?.call_method0("current_device")?.extract()?,
-            };
-            Ok((Device::Cuda(index), torch_device(py, Device::Cuda(index))?))
+            // a torch.device reads as torch prints it ("cuda:3"), anything else by repr
+            let got = if given { dev.str()?.to_string() } else { short_repr(obj) };
+            match dev.getattr(intern!(py, "index"))?.extract::<Option<i64>>()? {
+                Some(i) => cuda_device(py, i, &got, given.then_some(&dev)),
+                None => {
+                    // torch's current device; asking it needs a device to exist
+                    check_cuda_exists(py, 0, &got)?;
+                    let current = torch(py)?.getattr("cuda")?.call_method0("current_device");
+                    let i = current
+                        .and_then(|c| c.extract::<i64>())
+                        .map_err(|e| bad_device(obj, e.value(py).to_string()))?;
+                    cuda_device(py, i, &got, None)
+                }
+            }
         }
         other => Err(bad_device(obj, format!("b12x runs on cpu and cuda, not {other}")).into()),
+    }
+}
+
+/// A `Caps` integer field: an int (or integer-like, e.g. numpy.int64), never
+/// a bool or a float. A value past int64 keeps its text (`huge`) so that the
+/// field's range error can quote it.
+struct IntArg {
+    field: &'static str,
+    value: i64,
+    huge: Option<String>,
+}
+
+fn int_arg(field: &'static str, obj: &Bound<'_, PyAny>) -> PyB12xResult<IntArg> {
+    let not_int = || caps_invalid(field, "an integer", short_repr(obj));
+    if obj.is_instance_of::<PyBool>() {
+        return Err(not_int().into());
+    }
+    match obj.extract::<i64>() {
+        Ok(value) => Ok(IntArg { field, value, huge: None }),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+            let negative = obj.lt(0).unwrap_or(false);
+            let value = if negative { i64::MIN } else { i64::MAX };
+            Ok(IntArg { field, value, huge: Some(short_repr(obj)) })
+        }
+        Err(_) => Err(not_int().into()),
+    }
+}
+
+fn str_arg(field: &'static str, obj: &Bound<'_, PyAny>) -> PyB12xResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
+        Err(_) => Err(caps_invalid(field, "a string", short_repr(obj)).into()),
+    }
+}
+
+/// A field's range error quotes the caller's own text for values past int64.
+fn quote_huge(e: CoreError, args: &[IntArg]) -> CoreError {
+    match e {
+        CoreError::InvalidValue { op, operand, expected, got } => {
+            let huge = args.iter().find(|a| a.field == operand).and_then(|a| a.huge.clone());
+            CoreError::InvalidValue { op, operand, expected, got: huge.unwrap_or(got) }
+        }
+        other => other,
     }
 }
 
@@ -101,6 +223,12 @@ fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
 /// ``output_index_space`` "logical" (request-relative position) or
 /// "physical" (page_id*64 + slot); ``supertile_tokens`` 0 picks
 /// min(32768, width*64 rounded up to 512) K rows per chunk.
+///
+/// Integer fields take ints (numpy integers too), never bools or floats; an
+/// omitted or ``None`` optional field takes its default. ``device`` is a
+/// torch.device, "cpu", "cuda" (torch's current device), "cuda:N" or an
+/// ordinal N, and a CUDA device must be one torch can see (N <= 127). Every
+/// refusal is a ``ConfigError`` naming the field.
 #[pyclass(name = "Caps", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyCaps {
     caps: Caps,
@@ -113,31 +241,53 @@ pub struct PyCaps {
 impl PyCaps {
     #[new]
     #[pyo3(signature = (*, device, num_q_heads, max_q_rows, max_page_table_width, topk,
-        mode="decode", output_index_space="logical", page_size=64, supertile_tokens=0))]
+        mode=None, output_index_space=None, page_size=None, supertile_tokens=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         device: &Bound<'_, PyAny>,
-        num_q_heads: i64,
-        max_q_rows: i64,
-        max_page_table_width: i64,
-        topk: i64,
-        mode: &str,
-        output_index_space: &str,
-        page_size: i64,
-        supertile_tokens: i64,
+        num_q_heads: &Bound<'_, PyAny>,
+        max_q_rows: &Bound<'_, PyAny>,
+        max_page_table_width: &Bound<'_, PyAny>,
+        topk: &Bound<'_, PyAny>,
+        mode: Option<&Bound<'_, PyAny>>,
+        output_index_space: Option<&Bound<'_, PyAny>>,
+        page_size: Option<&Bound<'_, PyAny>>,
+        supertile_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyB12xResult<Self> {
+        let or = |arg: Option<&Bound<'_, PyAny>>, field, default| match arg {
+            Some(obj) => int_arg(field, obj),
+            None => Ok(IntArg { field, value: default, huge: None }),
+        };
+        let ints = [
+            int_arg("num_q_heads", num_q_heads)?,
+            int_arg("max_q_rows", max_q_rows)?,
+            int_arg("max_page_table_width", max_page_table_width)?,
+            int_arg("topk", topk)?,
+            or(page_size, "page_size", PAGE_SIZE as i64)?,
+            or(supertile_tokens, "supertile_tokens", 0)?,
+        ];
+        let mode = match mode {
+            Some(m) => Mode::parse(&str_arg("mode", m)?)?,
+            None => Mode::Decode,
+        };
+        let index_space = match output_index_space {
+            Some(s) => IndexSpace::parse(&str_arg("output_index_space", s)?)?,
+            None => IndexSpace::Logical,
+        };
         let (dev, device_obj) = parse_device(device)?;
+        let [heads, rows, width, topk, page_size, supertile] = &ints;
         let caps = Caps::new(&CapsRequest {
             device: dev,
-            num_q_heads,
-            max_q_rows,
-            max_page_table_width,
-            topk,
-            mode: Mode::parse(mode)?,
-            index_space: IndexSpace::parse(output_index_space)?,
-            page_size,
-            supertile_tokens,
-        })?;
+            num_q_heads: heads.value,
+            max_q_rows: rows.value,
+            max_page_table_width: width.value,
+            topk: topk.value,
+            mode,
+            index_space,
+            page_size: page_size.value,
+            supertile_tokens: supertile.value,
+        })
+        .map_err(|e| quote_huge(e, &ints))?;
         Ok(PyCaps { caps, key: caps.bucketed(), device: device_obj })
     }
 
@@ -689,6 +839,9 @@ fn indexer_bind(
 ) -> PyB12xResult<PyBinding> {
     const OP: &str = "bind";
     let scratch = scratch_tensor(scratch)?;
+    // torch tensors only: the binding keeps them, CPU runs hand them to the
+    // PyTorch reference and CUDA runs order on torch's stream
+    let extract = extract_torch_tensor;
     let m_scratch = extract(&scratch, OP, "scratch")?;
     let m_q = extract(q_fp8, OP, "q_fp8")?;
     let m_w = extract(query_weights, OP, "query_weights")?;

@@ -10,17 +10,23 @@
 //!   managed tensor and a capsule (see `b12x bench extract`).
 //! * any other `__dlpack__` producer (numpy, cupy, ...): the legacy
 //!   "dltensor" capsule, read and released without consuming it.
+//!
+//! Nothing a producer does can crash the interpreter: every pointer read
+//! from a capsule is checked first (name, null shape, ndim bounds, negative
+//! extents), and a producer that raises or returns garbage gives a
+//! `NotATensorError` naming the operand and what went wrong.
 
 use std::ffi::{c_void, CStr};
 
 use b12x_core::{DType, Device, Dims, Error as CoreError, TensorMeta, MAX_RANK};
+use pyo3::exceptions::PyException;
 use pyo3::ffi;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
-use crate::error::{PyB12xErr, PyB12xResult};
+use crate::error::{core_to_py, PyB12xErr, PyB12xResult};
 use crate::torch_abi;
 
 pub(crate) struct TorchCache {
@@ -69,6 +75,16 @@ pub(crate) fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
                 ("int64", DType::I64),
                 ("uint8", DType::U8),
                 ("bool", DType::Bool),
+                // no b12x op takes these; their DLPack codes make errors name them
+                ("complex32", DType::Other { code: 5, bits: 32 }),
+                ("complex64", DType::Other { code: 5, bits: 64 }),
+                ("complex128", DType::Other { code: 5, bits: 128 }),
+                ("uint16", DType::Other { code: 1, bits: 16 }),
+                ("uint32", DType::Other { code: 1, bits: 32 }),
+                ("uint64", DType::Other { code: 1, bits: 64 }),
+                ("float8_e4m3fnuz", DType::Other { code: 11, bits: 8 }),
+                ("float8_e5m2fnuz", DType::Other { code: 13, bits: 8 }),
+                ("float8_e8m0fnu", DType::Other { code: 14, bits: 8 }),
             ];
             let mut dtypes = Vec::with_capacity(names.len());
             for (name, dtype) in names {
@@ -84,13 +100,87 @@ pub(crate) fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
         .ok()
 }
 
-fn not_a_tensor(obj: &Bound<'_, PyAny>, op: &'static str, operand: &str) -> PyB12xErr {
-    let got = obj
-        .get_type()
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
         .fully_qualified_name()
         .map(|n| n.to_string())
-        .unwrap_or_else(|_| "an unknown object".into());
-    CoreError::NotATensor { op, operand: operand.to_string().into(), got }.into()
+        .unwrap_or_else(|_| "an unknown object".into())
+}
+
+/// `repr(obj)` for messages, cut after 60 characters.
+pub(crate) fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    const MAX: usize = 60;
+    let r = obj.repr().map(|r| r.to_string()).unwrap_or_else(|_| type_name(obj));
+    match r.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}...", &r[..cut]),
+        None => r,
+    }
+}
+
+fn not_a_tensor(obj: &Bound<'_, PyAny>, op: &'static str, operand: &str) -> PyB12xErr {
+    CoreError::NotATensor { op, operand: operand.to_string().into(), got: type_name(obj) }.into()
+}
+
+/// The object being read and the names its errors carry. A producer that
+/// raises or hands back garbage becomes a `NotATensorError` naming the
+/// operand (the producer's own exception is its `__cause__`); only
+/// exceptions outside `Exception` (KeyboardInterrupt, SystemExit) pass through.
+struct Reading<'a, 'py> {
+    obj: &'a Bound<'py, PyAny>,
+    op: &'static str,
+    operand: &'a str,
+}
+
+impl<'py> Reading<'_, 'py> {
+    fn bad(&self, problem: String) -> PyB12xErr {
+        CoreError::BadTensor {
+            op: self.op,
+            operand: self.operand.to_string().into(),
+            got: type_name(self.obj),
+            problem,
+        }
+        .into()
+    }
+
+    /// `what` (e.g. "data_ptr()") raised `err`.
+    fn raised(&self, what: &str, err: PyErr) -> PyB12xErr {
+        let py = self.obj.py();
+        if !err.is_instance_of::<PyException>(py) {
+            return err.into();
+        }
+        let kind = err.get_type(py).name().map(|n| n.to_string()).unwrap_or_default();
+        let PyB12xErr::Core(core) = self.bad(format!("{what} raised {kind}: {}", err.value(py)))
+        else {
+            unreachable!("bad() builds a core error")
+        };
+        let wrapped = core_to_py(core);
+        wrapped.set_cause(py, Some(err));
+        wrapped.into()
+    }
+
+    fn attr(&self, name: &Bound<'py, PyString>) -> PyB12xResult<Bound<'py, PyAny>> {
+        self.obj.getattr(name).map_err(|e| self.raised(&format!("tensor.{name}"), e))
+    }
+
+    fn call(&self, name: &Bound<'py, PyString>) -> PyB12xResult<Bound<'py, PyAny>> {
+        self.obj.call_method0(name).map_err(|e| self.raised(&format!("tensor.{name}()"), e))
+    }
+
+    fn flag(&self, name: &Bound<'py, PyString>) -> PyB12xResult<bool> {
+        let v = self.attr(name)?;
+        v.is_truthy().map_err(|e| self.raised(&format!("bool(tensor.{name})"), e))
+    }
+
+    fn rank_error(&self, got: usize) -> PyB12xErr {
+        CoreError::Rank {
+            op: self.op,
+            operand: self.operand.to_string().into(),
+            expected: format!("<= {MAX_RANK}"),
+            got,
+            shape: Vec::new(),
+        }
+        .into()
+    }
 }
 
 /// True when `obj` is a torch.Tensor (or subclass); cheap once torch is imported.
@@ -117,93 +207,130 @@ pub fn extract(
     op: &'static str,
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
+    let reading = Reading { obj, op, operand };
     if let Some(exact) = torch_kind(obj) {
-        // subclasses may override metadata in Python: they take the attribute path
-        if let Some(meta) = exact.then(|| torch_abi::extract(obj)).flatten() {
-            if torch_abi::unchecked() {
-                // first use: trust the shim only if it agrees with torch's own getters
-                let attrs = extract_torch(obj, op, operand)?;
-                torch_abi::set_checked(attrs == meta);
-                return Ok(attrs);
-            }
-            return Ok(meta);
-        }
-        return extract_torch(obj, op, operand);
+        return read_torch(&reading, exact);
     }
-    if obj.hasattr(intern!(obj.py(), "__dlpack__"))? {
-        return extract_dlpack(obj, op, operand);
+    let has_dlpack = obj
+        .hasattr(intern!(obj.py(), "__dlpack__"))
+        .map_err(|e| reading.raised("looking up __dlpack__", e))?;
+    if has_dlpack {
+        return read_dlpack(&reading);
     }
     Err(not_a_tensor(obj, op, operand))
 }
 
-fn dims(tuple: &Bound<'_, PyAny>, op: &'static str, operand: &str) -> PyB12xResult<Dims> {
-    let tuple = tuple.cast::<PyTuple>().map_err(PyErr::from)?;
-    if tuple.len() > MAX_RANK {
-        return Err(CoreError::Rank {
-            op,
-            operand: operand.to_string().into(),
-            expected: format!("<= {MAX_RANK}"),
-            got: tuple.len(),
-            shape: Vec::new(),
-        }
-        .into());
-    }
-    let mut out = Dims::new();
-    for item in tuple.iter() {
-        out.push(item.extract::<i64>()?);
-    }
-    Ok(out)
-}
-
-fn extract_torch(
+/// Like [`extract`], for ops that keep the object and hand it to torch (the
+/// indexer's bind): anything but a torch tensor is refused, by name.
+pub fn extract_torch_tensor(
     obj: &Bound<'_, PyAny>,
     op: &'static str,
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
+    if let Some(exact) = torch_kind(obj) {
+        return read_torch(&Reading { obj, op, operand }, exact);
+    }
+    if obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false) {
+        let got = type_name(obj);
+        return Err(
+            CoreError::ForeignTensor { op, operand: operand.to_string().into(), got }.into()
+        );
+    }
+    Err(not_a_tensor(obj, op, operand))
+}
+
+/// A torch tensor; `exact`: torch.Tensor itself, not a subclass.
+fn read_torch(r: &Reading<'_, '_>, exact: bool) -> PyB12xResult<TensorMeta> {
+    // subclasses may override metadata in Python: they take the attribute path
+    if let Some(meta) = if exact { torch_abi::extract(r.obj)? } else { None } {
+        if torch_abi::unchecked() {
+            // first use: trust the shim only if it agrees with torch's own getters
+            let attrs = extract_torch(r)?;
+            torch_abi::set_checked(attrs == meta);
+            return Ok(attrs);
+        }
+        return Ok(meta);
+    }
+    extract_torch(r)
+}
+
+/// A torch.Size / tuple of ints (`what` names it in errors).
+fn dims(r: &Reading<'_, '_>, value: &Bound<'_, PyAny>, what: &str) -> PyB12xResult<Dims> {
+    let tuple = value
+        .cast::<PyTuple>()
+        .map_err(|_| r.bad(format!("{what} is {}, not a tuple", short_repr(value))))?;
+    if tuple.len() > MAX_RANK {
+        return Err(r.rank_error(tuple.len()));
+    }
+    let mut out = Dims::new();
+    for (i, item) in tuple.iter().enumerate() {
+        let v = item.extract::<i64>().map_err(|_| {
+            r.bad(format!("{what}[{i}] is {}, not a 64-bit integer", short_repr(&item)))
+        })?;
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn extract_torch(r: &Reading<'_, '_>) -> PyB12xResult<TensorMeta> {
+    let obj = r.obj;
     let py = obj.py();
     let torch = torch_cache(py).expect("checked by is_torch_tensor");
-    let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
-    let dtype = torch.dtype(&dtype_obj).unwrap_or(DType::Other { code: 255, bits: 0 });
+    let dtype = torch.dtype(&r.attr(intern!(py, "dtype"))?).unwrap_or(DType::UNKNOWN);
     // Two C-level property reads; `tensor.device` would build a torch.device.
-    let device = if obj.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
-        Device::Cuda(obj.call_method0(intern!(py, "get_device"))?.extract::<u32>()?)
-    } else if obj.getattr(intern!(py, "is_cpu"))?.is_truthy()? {
+    let device = if r.flag(intern!(py, "is_cuda"))? {
+        let index = r.call(intern!(py, "get_device"))?;
+        let ordinal = index.extract::<u32>().map_err(|_| {
+            r.bad(format!("get_device() returned {} for a CUDA tensor", short_repr(&index)))
+        })?;
+        Device::Cuda(ordinal)
+    } else if r.flag(intern!(py, "is_cpu"))? {
         // `is_cpu` is a plain getter; `device.type` builds a torch.device (~0.4 us)
         Device::Cpu
     } else {
         Device::Other(-1)
     };
-    let shape = dims(&obj.getattr(intern!(py, "shape"))?, op, operand)?;
+    let shape = dims(r, &r.attr(intern!(py, "shape"))?, "shape")?;
+    if let Some((i, d)) = shape.iter().enumerate().find(|(_, &d)| d < 0) {
+        return Err(r.bad(format!("shape[{i}] is {d}")));
+    }
     // With every extent <= 1 no stride is ever applied (torch ignores them for
     // contiguity too), so skip the `stride()` call (~0.15 us) for scalars.
     let strides = if shape.iter().all(|&d| d <= 1) {
         TensorMeta::contiguous_strides(&shape)
     } else {
-        dims(&obj.call_method0(intern!(py, "stride"))?, op, operand)?
+        dims(r, &r.call(intern!(py, "stride"))?, "stride()")?
     };
-    Ok(TensorMeta {
-        dtype,
-        device,
-        shape,
-        strides,
-        data_ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract::<u64>()?,
-        byte_offset: 0,
-    })
+    if strides.len() != shape.len() {
+        return Err(r.bad(format!(
+            "stride() has {} entries for the {} dimensions of its shape",
+            strides.len(),
+            shape.len()
+        )));
+    }
+    let ptr = r.call(intern!(py, "data_ptr"))?;
+    let data_ptr = ptr
+        .extract::<u64>()
+        .map_err(|_| r.bad(format!("data_ptr() returned {}, not an address", short_repr(&ptr))))?;
+    Ok(TensorMeta { dtype, device, shape, strides, data_ptr, byte_offset: 0 })
 }
 
 // dlpack.h (v0.x/1.x legacy, unversioned) structures, read-only.
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct DLDevice {
     device_type: i32,
     device_id: i32,
 }
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct DLDataType {
     code: u8,
     bits: u8,
     lanes: u16,
 }
 #[repr(C)]
+#[derive(Clone, Copy)]
 struct DLTensor {
     data: *mut c_void,
     device: DLDevice,
@@ -216,57 +343,73 @@ struct DLTensor {
 
 const DL_CPU: i32 = 1;
 const DL_CUDA: i32 = 2;
+/// The capsule name of an unconsumed legacy DLPack tensor.
+const CAPSULE_NAME: &CStr = c"dltensor";
 
-/// Reads a `__dlpack__` producer through its legacy capsule.
+/// Reads a `__dlpack__` producer through its legacy capsule (exposed for tests and benches).
 pub fn extract_dlpack(
     obj: &Bound<'_, PyAny>,
     op: &'static str,
     operand: &str,
 ) -> PyB12xResult<TensorMeta> {
+    read_dlpack(&Reading { obj, op, operand })
+}
+
+fn read_dlpack(r: &Reading<'_, '_>) -> PyB12xResult<TensorMeta> {
+    let obj = r.obj;
     let py = obj.py();
-    let (dev_type, _dev_id): (i32, i32) =
-        obj.call_method0(intern!(py, "__dlpack_device__"))?.extract()?;
+    let dev = obj
+        .call_method0(intern!(py, "__dlpack_device__"))
+        .map_err(|e| r.raised("__dlpack_device__()", e))?;
+    let (dev_type, dev_id): (i32, i32) = dev.extract().map_err(|_| {
+        r.bad(format!(
+            "__dlpack_device__() returned {}, not a (device_type, device_id) pair",
+            short_repr(&dev)
+        ))
+    })?;
     // stream=-1: metadata only, the producer must not synchronize or wait.
     let capsule = if dev_type == DL_CUDA {
         let kwargs = PyDict::new(py);
         kwargs.set_item("stream", -1)?;
-        obj.call_method(intern!(py, "__dlpack__"), (), Some(&kwargs))?
+        obj.call_method(intern!(py, "__dlpack__"), (), Some(&kwargs))
     } else {
-        obj.call_method0(intern!(py, "__dlpack__"))?
-    };
-    const NAME: &CStr = c"dltensor";
-    // SAFETY: PyCapsule_GetPointer checks the capsule's type and name and
-    // returns null (with an exception set) otherwise. The producer keeps the
-    // managed tensor alive until the capsule's destructor runs, after this
-    // function has copied what it needs.
-    let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), NAME.as_ptr()) };
-    if ptr.is_null() {
-        return Err(PyErr::fetch(py).into());
+        obj.call_method0(intern!(py, "__dlpack__"))
     }
-    // DLManagedTensor starts with its DLTensor.
-    let t = unsafe { &*(ptr as *const DLTensor) };
-    let ndim = usize::try_from(t.ndim).unwrap_or(usize::MAX);
+    .map_err(|e| r.raised("__dlpack__()", e))?;
+    let t = dltensor(r, &capsule)?;
+    if (t.device.device_type, t.device.device_id) != (dev_type, dev_id) {
+        return Err(r.bad(format!(
+            "__dlpack_device__() says ({dev_type}, {dev_id}) but its capsule holds a tensor on \
+             ({}, {})",
+            t.device.device_type, t.device.device_id
+        )));
+    }
+    let ndim = usize::try_from(t.ndim)
+        .map_err(|_| r.bad(format!("its DLPack tensor has ndim = {}", t.ndim)))?;
     if ndim > MAX_RANK {
-        return Err(CoreError::Rank {
-            op,
-            operand: operand.to_string().into(),
-            expected: format!("<= {MAX_RANK}"),
-            got: ndim,
-            shape: Vec::new(),
-        }
-        .into());
+        return Err(r.rank_error(ndim));
     }
-    // SAFETY: shape has ndim entries; strides has ndim entries or is null
-    // (meaning compact row-major), per dlpack.h.
-    let shape: Dims = (0..ndim).map(|i| unsafe { *t.shape.add(i) }).collect();
-    let strides = if t.strides.is_null() {
+    if ndim > 0 && t.shape.is_null() {
+        return Err(r.bad(format!("its DLPack tensor has a NULL shape for ndim = {ndim}")));
+    }
+    // SAFETY: a non-null shape has ndim entries, and so do non-null strides
+    // (null strides mean compact row-major), per dlpack.h; the capsule, and
+    // with it the managed tensor, lives until this function returns.
+    let read = |p: *const i64| -> Dims { (0..ndim).map(|i| unsafe { *p.add(i) }).collect() };
+    let shape = if ndim == 0 { Dims::new() } else { read(t.shape) };
+    if let Some((i, d)) = shape.iter().enumerate().find(|(_, &d)| d < 0) {
+        return Err(r.bad(format!("its DLPack tensor has shape[{i}] = {d}")));
+    }
+    let strides = if ndim == 0 || t.strides.is_null() {
         TensorMeta::contiguous_strides(&shape)
     } else {
-        (0..ndim).map(|i| unsafe { *t.strides.add(i) }).collect()
+        read(t.strides)
     };
     let device = match t.device.device_type {
         DL_CPU => Device::Cpu,
-        DL_CUDA => Device::Cuda(t.device.device_id as u32),
+        DL_CUDA => Device::Cuda(u32::try_from(t.device.device_id).map_err(|_| {
+            r.bad(format!("its DLPack tensor is on CUDA device {}", t.device.device_id))
+        })?),
         other => Device::Other(other),
     };
     Ok(TensorMeta {
@@ -279,6 +422,47 @@ pub fn extract_dlpack(
     })
 }
 
+/// The DLTensor inside an unconsumed "dltensor" capsule, by value. The
+/// capsule is left as it is: not renamed, so its destructor still frees it.
+fn dltensor(r: &Reading<'_, '_>, capsule: &Bound<'_, PyAny>) -> PyB12xResult<DLTensor> {
+    // SAFETY: type checks and name reads on a live object; GetName returns
+    // null for an unnamed capsule (and cannot fail on an exact capsule).
+    let name = unsafe {
+        if ffi::PyCapsule_CheckExact(capsule.as_ptr()) == 0 {
+            let got = type_name(capsule);
+            return Err(r.bad(format!("__dlpack__() returned {got}, not a DLPack capsule")));
+        }
+        let name = ffi::PyCapsule_GetName(capsule.as_ptr());
+        (!name.is_null()).then(|| CStr::from_ptr(name))
+    };
+    if name != Some(CAPSULE_NAME) {
+        let problem = match name.map(CStr::to_bytes) {
+            Some(b"used_dltensor" | b"used_dltensor_versioned") => {
+                "__dlpack__() returned a capsule another consumer already took".to_string()
+            }
+            Some(b"dltensor_versioned") => "__dlpack__() returned a versioned capsule \
+                ('dltensor_versioned') though b12x asked for the unversioned 'dltensor'"
+                .to_string(),
+            Some(other) => format!(
+                "__dlpack__() returned a capsule named {:?}, not 'dltensor'",
+                String::from_utf8_lossy(other)
+            ),
+            None => "__dlpack__() returned an unnamed capsule, not 'dltensor'".to_string(),
+        };
+        return Err(r.bad(problem));
+    }
+    // SAFETY: the name matched, so GetPointer returns the capsule's pointer:
+    // a DLManagedTensor, which starts with its DLTensor (null only if the
+    // producer built an invalid capsule, reported as an exception).
+    let ptr = unsafe { ffi::PyCapsule_GetPointer(capsule.as_ptr(), CAPSULE_NAME.as_ptr()) };
+    if ptr.is_null() {
+        let why = PyErr::take(capsule.py()).map(|e| e.to_string()).unwrap_or_default();
+        return Err(r.bad(format!("its DLPack capsule holds no tensor ({why})")));
+    }
+    // SAFETY: see above; copied out while the capsule is alive.
+    Ok(unsafe { *(ptr as *const DLTensor) })
+}
+
 /// What b12x read off a tensor: the Python view of `TensorMeta`.
 #[pyclass(name = "TensorMeta", module = "b12x._core", frozen)]
 pub struct PyTensorMeta(TensorMeta);
@@ -286,8 +470,8 @@ pub struct PyTensorMeta(TensorMeta);
 #[pymethods]
 impl PyTensorMeta {
     #[getter]
-    fn dtype(&self) -> &'static str {
-        self.0.dtype.name()
+    fn dtype(&self) -> String {
+        self.0.dtype.to_string()
     }
     #[getter]
     fn device(&self) -> String {
@@ -336,7 +520,7 @@ fn tensor_meta(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
 /// Same as `tensor_meta`, always through `__dlpack__` (for tests and benches).
 #[pyfunction]
 fn tensor_meta_dlpack(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
-    if !obj.hasattr(intern!(obj.py(), "__dlpack__"))? {
+    if !obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false) {
         return Err(not_a_tensor(obj, "tensor_meta_dlpack", "tensor"));
     }
     Ok(PyTensorMeta(extract_dlpack(obj, "tensor_meta_dlpack", "tensor")?))
@@ -360,7 +544,14 @@ pub(crate) fn parse_dtype(name: &str) -> PyB12xResult<DType> {
     ];
     let name = name.strip_prefix("torch.").unwrap_or(name);
     ALL.into_iter().find(|d| d.name() == name).ok_or_else(|| {
-        pyo3::exceptions::PyValueError::new_err(format!("unknown dtype name {name:?}")).into()
+        let names: Vec<&str> = ALL.iter().map(|d| d.name()).collect();
+        CoreError::InvalidValue {
+            op: "validate_operand",
+            operand: "dtypes".into(),
+            expected: format!("dtype names from {{{}}}", names.join(", ")).into(),
+            got: format!("{name:?}"),
+        }
+        .into()
     })
 }
 
@@ -369,9 +560,12 @@ fn parse_device(name: &str) -> PyB12xResult<Device> {
         "cpu" => Ok(Device::Cpu),
         _ => name.strip_prefix("cuda:").and_then(|i| i.parse().ok()).map(Device::Cuda).ok_or_else(
             || {
-                pyo3::exceptions::PyValueError::new_err(format!(
-                    "device must be 'cpu' or 'cuda:N', got {name:?}"
-                ))
+                CoreError::InvalidValue {
+                    op: "validate_operand",
+                    operand: "device".into(),
+                    expected: "'cpu' or 'cuda:N'".into(),
+                    got: format!("{name:?}"),
+                }
                 .into()
             },
         ),
@@ -419,7 +613,8 @@ fn validate_operand(
 }
 
 /// Whether torch metadata comes through PyTorch's C shim: "unchecked",
-/// "trusted" (in use) or "off" (attribute reads).
+/// "trusted" (in use), "off" (attribute reads) or "invalid" (a
+/// `B12X_TORCH_SHIM` value outside the accepted set: tensor reads raise).
 #[pyfunction]
 fn torch_shim_state() -> &'static str {
     torch_abi::state()

@@ -21,12 +21,19 @@
 //!
 //! The first tensor read this way is also read through the attribute path;
 //! if the two disagree the shim is never used again in this process.
-//! `B12X_TORCH_SHIM=0` turns it off.
+//!
+//! `B12X_TORCH_SHIM` switches it (and the current-stream shim of
+//! [`crate::torch_stream`]): unset, empty, `1`/`on`/`true`/`yes` use it,
+//! `0`/`off`/`false`/`no` turn it off (case-insensitive); any other value
+//! makes every tensor read fail with a `ConfigError` naming the variable.
+//! It is read once per process.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
-use b12x_core::{DType, Device, Dims, TensorMeta, MAX_RANK};
+use b12x_core::validate::parse_switch;
+use b12x_core::{DType, Device, Dims, Error as CoreError, TensorMeta, MAX_RANK};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -61,9 +68,21 @@ const OFF: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNCHECKED);
 static SHIM: PyOnceLock<Option<Shim>> = PyOnceLock::new();
 
+const SWITCH_VAR: &str = "B12X_TORCH_SHIM";
+
+/// `B12X_TORCH_SHIM`, read once: whether the shims may be used, or the error
+/// for a value outside the documented set.
+pub(crate) fn switch() -> &'static Result<bool, CoreError> {
+    static SWITCH: OnceLock<Result<bool, CoreError>> = OnceLock::new();
+    SWITCH.get_or_init(|| match std::env::var_os(SWITCH_VAR) {
+        None => Ok(true),
+        Some(v) => parse_switch(SWITCH_VAR, &v.to_string_lossy()).map(|on| on.unwrap_or(true)),
+    })
+}
+
 /// A handle to one of torch's own shared libraries (`torch/lib/<file>`),
 /// only if `import torch` already loaded it; None when the shim is switched
-/// off (`B12X_TORCH_SHIM=0`) or the library is not there.
+/// off (`B12X_TORCH_SHIM`, see the module docs) or the library is not there.
 #[cfg(target_os = "linux")]
 pub(crate) fn loaded_torch_library(
     py: Python<'_>,
@@ -71,7 +90,7 @@ pub(crate) fn loaded_torch_library(
 ) -> Option<libloading::os::unix::Library> {
     use libloading::os::unix::{Library, RTLD_NOW};
     const RTLD_NOLOAD: i32 = 4; // glibc and musl
-    if std::env::var("B12X_TORCH_SHIM").is_ok_and(|v| v == "0") {
+    if !matches!(switch(), Ok(true)) {
         return None;
     }
     let torch_file: String = py.import("torch").ok()?.getattr("__file__").ok()?.extract().ok()?;
@@ -144,8 +163,12 @@ pub fn unchecked() -> bool {
     STATE.load(Ordering::Relaxed) == UNCHECKED
 }
 
-/// "unchecked", "trusted" or "off", for tests and `b12x doctor`.
+/// "unchecked", "trusted", "off", or "invalid" (a bad `B12X_TORCH_SHIM`),
+/// for tests and `b12x doctor`.
 pub fn state() -> &'static str {
+    if switch().is_err() {
+        return "invalid";
+    }
     match STATE.load(Ordering::Relaxed) {
         UNCHECKED => "unchecked",
         TRUSTED => "trusted",
@@ -158,8 +181,16 @@ pub fn set_checked(agreed: bool) {
     STATE.store(if agreed { TRUSTED } else { OFF }, Ordering::Relaxed);
 }
 
-/// Metadata of a torch tensor through the shim, or None (use the attribute path).
-pub fn extract(obj: &Bound<'_, PyAny>) -> Option<TensorMeta> {
+/// Metadata of a torch tensor through the shim, or None (use the attribute
+/// path); an error only for a `B12X_TORCH_SHIM` value outside the accepted set.
+pub fn extract(obj: &Bound<'_, PyAny>) -> Result<Option<TensorMeta>, CoreError> {
+    if let Err(e) = switch() {
+        return Err(e.clone());
+    }
+    Ok(read(obj))
+}
+
+fn read(obj: &Bound<'_, PyAny>) -> Option<TensorMeta> {
     let py = obj.py();
     let shim = shim(py)?;
     let cdata_obj = obj.getattr(intern!(py, "_cdata")).ok()?;
@@ -216,10 +247,7 @@ pub fn extract(obj: &Bound<'_, PyAny>) -> Option<TensorMeta> {
     } else {
         Device::Other(-1)
     };
-    let dtype = shim
-        .dtypes
-        .iter()
-        .find(|(c, _)| *c == dtype)
-        .map_or(DType::Other { code: 255, bits: 0 }, |(_, d)| *d);
+    // a dtype the shim table lacks: the attribute path can still name it
+    let dtype = shim.dtypes.iter().find(|(c, _)| *c == dtype).map(|(_, d)| *d)?;
     Some(TensorMeta { dtype, device, shape, strides, data_ptr: data as u64, byte_offset: 0 })
 }

@@ -14,7 +14,11 @@ Lifecycle (names are drop-in for the vLLM adapter)::
 * :func:`plan` is host work only (on a CUDA device its first call loads the
   kernels there). A plan holds no tensors and no addresses.
 * :func:`bind` checks every operand against the plan and never allocates,
-  launches or syncs; the scratch and output bytes are left untouched.
+  launches or syncs; the scratch and output bytes are left untouched. It
+  takes torch tensors (wrap another DLPack producer with ``torch.from_dlpack``,
+  which shares its memory), and what the kernels write (the scratch's first
+  ``plan.nbytes`` bytes, the outputs) must share no byte with any input or
+  with each other: an overlap is a ``ConfigError`` naming both operands.
 * :func:`run` enqueues device work only, so it can be captured in a CUDA graph.
 
 Bucketed capacities

@@ -6,8 +6,9 @@
 //! (lengths, page ids, active width) are not read here; they only bound the
 //! work the kernels do (reference spec §2, §4.5).
 
-use std::borrow::Cow;
 use std::sync::Arc;
+
+use arrayvec::ArrayVec;
 
 use super::caps::{IndexSpace, Mode};
 use super::layout::RegionId;
@@ -120,29 +121,54 @@ fn dim(meta: &TensorMeta, i: usize) -> u64 {
     meta.shape[i].max(0) as u64
 }
 
-/// Byte range [start, end) an operand spans (end computed overflow-checked).
-fn span(check: &Operand<'_>) -> Result<(u64, u64)> {
-    let start = check.meta.address();
-    let len = check.byte_extent()?;
-    let end = start.checked_add(len).ok_or_else(|| Error::ExtentOverflow {
-        op: OP,
-        operand: check.name.clone(),
-        shape: check.meta.shape.to_vec(),
-        strides: check.meta.strides.to_vec(),
-        itemsize: check.meta.dtype.itemsize(),
-    })?;
-    Ok((start, end))
+/// The bytes `[start, end)` of one operand, and whether the kernels write them.
+#[derive(Clone, Copy)]
+struct Span {
+    name: &'static str,
+    range: (u64, u64),
+    written: bool,
 }
 
-fn disjoint(a: (&str, (u64, u64)), b: (&'static str, (u64, u64))) -> Result<()> {
-    let ((an, (a0, a1)), (bn, (b0, b1))) = (a, b);
-    if a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1 {
-        return Err(Error::InvalidValue {
-            op: OP,
-            operand: bn.into(),
-            expected: Cow::Owned(format!("memory disjoint from {an}")),
-            got: format!("bytes [{b0:#x}, {b1:#x}) overlapping [{a0:#x}, {a1:#x})"),
-        });
+impl Span {
+    /// The operand's whole strided view (its checks have passed).
+    fn of(check: &Operand<'_>, name: &'static str, written: bool) -> Result<Span> {
+        let range = check.byte_range()?;
+        if range.0 == 0 && range.1 > 0 {
+            return Err(Error::InvalidValue {
+                op: OP,
+                operand: name.into(),
+                expected: "a non-null data pointer".into(),
+                got: format!("address 0x0 for {} bytes", range.1),
+            });
+        }
+        Ok(Span { name, range, written })
+    }
+
+    fn overlaps(&self, other: &Span) -> bool {
+        let ((a0, a1), (b0, b1)) = (self.range, other.range);
+        a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
+    }
+}
+
+/// Every written span is disjoint from every other span; read-only operands
+/// may alias each other. Cost: (written spans) x (spans) comparisons, so
+/// O(#operands), on the stack.
+fn check_disjoint(spans: &[Span]) -> Result<()> {
+    for (i, w) in spans.iter().enumerate().filter(|(_, s)| s.written) {
+        for (j, other) in spans.iter().enumerate() {
+            // a pair of writers is reported once, by the later one (the order
+            // of `spans`: inputs, scratch, output_indices, output_scores)
+            let seen = other.written && j > i;
+            if j != i && !seen && w.overlaps(other) {
+                return Err(Error::Overlap {
+                    op: OP,
+                    operand: w.name.into(),
+                    other: other.name.into(),
+                    range: w.range,
+                    other_range: other.range,
+                });
+            }
+        }
     }
     Ok(())
 }
@@ -170,13 +196,15 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
         });
     }
     let scratch_start = ops.scratch.address();
-    let scratch_used = (scratch_start, scratch_start.saturating_add(plan.nbytes()));
+    // kernels touch only the first plan.nbytes bytes; the rest is the caller's
+    let mut scratch_span = Span::of(&scratch, "scratch", true)?;
+    scratch_span.range.1 = scratch_start + plan.nbytes();
 
     // q_fp8: [rows, heads, 128] e4m3, contiguous
     let q = Operand::new(OP, "q_fp8", ops.q_fp8);
     q.dtype(&[DType::F8E4M3])?.device(device)?.rank(3)?;
     q.shape(&[None, Some(heads), Some(HEAD_DIM as i64)])?.contiguous()?.aligned(VECTOR_ALIGN)?;
-    span(&q)?;
+    let q_span = Span::of(&q, "q_fp8", false)?;
     let rows = dim(ops.q_fp8, 0);
     if rows > plan.rows_capacity() as u64 {
         return Err(over_capacity(
@@ -196,7 +224,7 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
         return Err(w.shape_error(format!("({r}, {heads}) or ({r}, {heads}, 1)")));
     }
     w.contiguous()?.aligned(4)?;
-    span(&w)?;
+    let w_span = Span::of(&w, "query_weights", false)?;
 
     // index_k_cache: u8 [pages, 8448], inner stride 1, page stride >= 8448
     let k = Operand::new(OP, "index_k_cache", ops.index_k_cache);
@@ -213,7 +241,7 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
         return Err(k.layout_error("a page stride that is a multiple of 16 bytes"));
     }
     k.aligned(VECTOR_ALIGN)?;
-    span(&k)?;
+    let k_span = Span::of(&k, "index_k_cache", false)?;
     let pages = dim(ops.index_k_cache, 0);
     if caps.index_space == IndexSpace::Physical && pages > MAX_PHYSICAL_PAGES {
         return Err(Error::Capacity {
@@ -271,31 +299,37 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
         }
     };
     pt.aligned(4)?;
-    span(&pt)?;
+    let pt_span = Span::of(&pt, "page_table", false)?;
 
     let lens = Operand::new(OP, "cache_lengths", ops.cache_lengths);
     lens.dtype(&[DType::I32])?.device(device)?.rank(1)?.shape(&[Some(r)])?;
     lens.contiguous()?.aligned(4)?;
+    let lens_span = Span::of(&lens, "cache_lengths", false)?;
 
     let aw = Operand::new(OP, "active_width", ops.active_width);
     aw.dtype(&[DType::I32])?.device(device)?.rank(1)?.shape(&[Some(1)])?.aligned(4)?;
+    let aw_span = Span::of(&aw, "active_width", false)?;
 
     let oi = Operand::new(OP, "output_indices", ops.output_indices);
     oi.dtype(&[DType::I32])?.device(device)?.rank(2)?.shape(&[Some(r), Some(topk)])?;
     oi.contiguous()?.aligned(VECTOR_ALIGN)?;
-    let oi_span = span(&oi)?;
-    disjoint(("scratch", scratch_used), ("output_indices", oi_span))?;
+    let oi_span = Span::of(&oi, "output_indices", true)?;
 
     let mut out_scores = 0;
+    let mut os_span = None;
     if let Some(meta) = ops.output_scores {
         let os = Operand::new(OP, "output_scores", meta);
         os.dtype(&[DType::F32])?.device(device)?.rank(2)?.shape(&[Some(r), Some(topk)])?;
         os.contiguous()?.aligned(VECTOR_ALIGN)?;
-        let os_span = span(&os)?;
-        disjoint(("scratch", scratch_used), ("output_scores", os_span))?;
-        disjoint(("output_indices", oi_span), ("output_scores", os_span))?;
+        os_span = Some(Span::of(&os, "output_scores", true)?);
         out_scores = meta.address();
     }
+
+    // what the kernels write never shares a byte with anything else they touch
+    let mut spans: ArrayVec<Span, 9> = ArrayVec::new();
+    spans.extend([q_span, w_span, k_span, pt_span, lens_span, aw_span, scratch_span, oi_span]);
+    spans.extend(os_span);
+    check_disjoint(&spans)?;
 
     let args = IndexerArgs {
         device: match device {
@@ -470,6 +504,7 @@ mod tests {
         let mut f = fixture(2, 2);
         f.k.shape[0] = (1 << 25) + 1;
         f.k.strides[0] = 8448;
+        f.k.data_ptr = 1 << 48; // 283 GB of pages, clear of the other operands
         assert!(
             bind_err(&p, &f).contains("index_k_cache.shape[0] (pages) expected at most 33554432")
         );
@@ -498,6 +533,110 @@ mod tests {
         assert!(
             bind_err(&p, &h).contains("output_scores expected memory disjoint from output_indices")
         );
+    }
+
+    #[test]
+    fn written_operands_are_disjoint_from_every_input() {
+        let p = plan(Mode::Decode, IndexSpace::Logical);
+        // every (written, read) pair, the written operand placed over the read one
+        type Address = fn(&Fixture) -> u64;
+        let readers: [(&str, Address); 6] = [
+            ("q_fp8", |f| f.q.data_ptr),
+            ("query_weights", |f| f.w.data_ptr),
+            ("index_k_cache", |f| f.k.data_ptr),
+            ("page_table", |f| f.pt.data_ptr),
+            ("cache_lengths", |f| f.lens.data_ptr),
+            ("active_width", |f| f.aw.data_ptr),
+        ];
+        for (reader, addr) in readers {
+            let mut f = fixture(2, 2);
+            f.oi.data_ptr = addr(&f);
+            let msg = bind_err(&p, &f);
+            assert!(
+                msg.starts_with(&format!(
+                    "bind: output_indices expected memory disjoint from {reader}, got bytes"
+                )),
+                "{msg}"
+            );
+            let mut f = fixture(2, 2);
+            f.os.data_ptr = addr(&f);
+            assert!(bind_err(&p, &f)
+                .contains(&format!("output_scores expected memory disjoint from {reader}")));
+            let mut f = fixture(2, 2);
+            f.scratch.data_ptr = addr(&f);
+            assert!(bind_err(&p, &f)
+                .contains(&format!("scratch expected memory disjoint from {reader}")));
+        }
+        // a little overlap is enough: the scratch's last used bytes on the cache's first
+        let mut f = fixture(2, 2);
+        f.scratch.data_ptr = (f.k.data_ptr - p.nbytes() + 1).next_multiple_of(16);
+        assert!(bind_err(&p, &f).contains("scratch expected memory disjoint from index_k_cache"));
+        // ... and touching ranges do not overlap
+        let mut f = fixture(2, 2);
+        f.scratch.data_ptr = f.k.data_ptr - p.nbytes().next_multiple_of(16);
+        assert!(bind(&p, &f.ops()).is_ok());
+    }
+
+    #[test]
+    fn the_message_gives_both_byte_ranges() {
+        let p = plan(Mode::Decode, IndexSpace::Logical);
+        let mut f = fixture(2, 2);
+        f.oi.data_ptr = f.pt.data_ptr;
+        assert_eq!(
+            bind_err(&p, &f),
+            "bind: output_indices expected memory disjoint from page_table, got bytes \
+             [0x40000000, 0x40001000) overlapping page_table's bytes [0x40000000, 0x40000010)"
+        );
+    }
+
+    #[test]
+    fn inputs_may_alias_each_other_and_empty_outputs_alias_nothing() {
+        let p = plan(Mode::Decode, IndexSpace::Logical);
+        let mut f = fixture(2, 2);
+        f.aw.data_ptr = f.lens.data_ptr; // active width read from the lengths' first word
+        f.pt.data_ptr = f.lens.data_ptr;
+        assert!(bind(&p, &f.ops()).is_ok());
+        // zero rows: the outputs span no bytes, wherever they point
+        let mut f = fixture(0, 2);
+        f.oi.data_ptr = f.k.data_ptr;
+        f.os.data_ptr = f.k.data_ptr;
+        assert!(bind(&p, &f.ops()).is_ok());
+        // the bytes of a larger scratch past plan.nbytes are the caller's
+        let mut f = fixture(2, 2);
+        f.scratch.shape[0] = (p.nbytes() + 4096) as i64;
+        f.oi.data_ptr = f.scratch.data_ptr + p.nbytes().next_multiple_of(16);
+        assert!(bind(&p, &f.ops()).is_ok());
+    }
+
+    #[test]
+    fn strided_views_are_measured_by_their_whole_extent() {
+        let p = plan(Mode::Decode, IndexSpace::Logical);
+        // 10 pages 1_077_120 bytes apart: the output sits in the gap after page 3
+        let mut f = fixture(2, 2);
+        f.oi.data_ptr = f.k.data_ptr + 3 * 1_077_120 + 8448 + 16;
+        assert!(
+            bind_err(&p, &f).contains("output_indices expected memory disjoint from index_k_cache")
+        );
+        // past the last page's 8448 bytes it is free
+        f.oi.data_ptr = f.k.data_ptr + 9 * 1_077_120 + 8448;
+        assert!(bind(&p, &f.ops()).is_ok());
+    }
+
+    #[test]
+    fn null_and_overflowing_addresses_are_refused() {
+        let p = plan(Mode::Decode, IndexSpace::Logical);
+        let mut f = fixture(2, 2);
+        f.q.data_ptr = 0;
+        assert_eq!(
+            bind_err(&p, &f),
+            "bind: q_fp8 expected a non-null data pointer, got address 0x0 for 4096 bytes"
+        );
+        let mut f = fixture(2, 2);
+        f.oi.data_ptr = u64::MAX - 15; // aligned, but its 4 KiB run past 2^64
+        assert!(bind_err(&p, &f).starts_with("bind: output_indices byte extent overflows 64 bits"));
+        let mut f = fixture(2, 2);
+        f.scratch.byte_offset = u64::MAX; // address saturates instead of wrapping
+        assert!(bind(&p, &f.ops()).is_err());
     }
 
     #[test]

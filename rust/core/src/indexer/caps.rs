@@ -113,16 +113,40 @@ fn in_range(operand: &'static str, v: i64, lo: u32, hi: u32) -> Result<u32> {
     }
 }
 
+/// Highest CUDA ordinal a plan may name: torch's device index is an int8
+/// (`torch.device("cuda:300")` silently becomes cuda:44).
+pub const MAX_CUDA_ORDINAL: u32 = i8::MAX as u32;
+
+/// A caller's CUDA ordinal, checked before anything is built from it:
+/// 0 ..= [`MAX_CUDA_ORDINAL`].
+pub fn cuda_ordinal(ordinal: i64) -> Result<u32> {
+    match u32::try_from(ordinal) {
+        Ok(i) if i <= MAX_CUDA_ORDINAL => Ok(i),
+        _ => Err(invalid(
+            "device",
+            format!("a CUDA ordinal in [0, {MAX_CUDA_ORDINAL}] (torch's device index is int8)"),
+            ordinal.to_string(),
+        )),
+    }
+}
+
+/// The device rule of [`Caps::new`]: cpu, or cuda:N with N <= 127.
+pub fn check_device(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        Device::Cuda(i) => cuda_ordinal(i as i64).map(|_| ()),
+        other => Err(Error::Device {
+            op: OP,
+            operand: "device".into(),
+            expected: Device::Cuda(0),
+            got: other,
+        }),
+    }
+}
+
 impl Caps {
     pub fn new(r: &CapsRequest) -> Result<Caps> {
-        if !r.device.is_cuda() && r.device != Device::Cpu {
-            return Err(Error::Device {
-                op: OP,
-                operand: "device".into(),
-                expected: Device::Cuda(0),
-                got: r.device,
-            });
-        }
+        check_device(r.device)?;
         let num_q_heads = in_range("num_q_heads", r.num_q_heads, 1, MAX_HEADS)?;
         let max_q_rows = in_range("max_q_rows", r.max_q_rows, 1, MAX_Q_ROWS)?;
         let max_page_table_width =
@@ -242,6 +266,15 @@ mod tests {
             .contains("supertile_tokens expected 0 (automatic) or a multiple of 512"));
         assert!(err(CapsRequest { device: Device::Other(8), ..request() })
             .contains("device expected device cuda:0"));
+        assert_eq!(
+            err(CapsRequest { device: Device::Cuda(300), ..request() }),
+            "Caps: device expected a CUDA ordinal in [0, 127] (torch's device index is int8), \
+             got 300"
+        );
+        assert!(Caps::new(&CapsRequest { device: Device::Cuda(127), ..request() }).is_ok());
+        assert_eq!(cuda_ordinal(5).unwrap(), 5);
+        assert!(cuda_ordinal(-1).unwrap_err().to_string().ends_with("got -1"));
+        assert!(cuda_ordinal(1 << 40).is_err());
         assert_eq!(
             Mode::parse("chunked").unwrap_err().to_string(),
             "Caps: mode expected one of {decode, prefill}, got \"chunked\""

@@ -27,7 +27,7 @@ mod plan;
 pub use bind::{bind, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
-pub use caps::{Caps, CapsRequest, IndexSpace, Mode};
+pub use caps::{check_device, cuda_ordinal, Caps, CapsRequest, IndexSpace, Mode, MAX_CUDA_ORDINAL};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
 pub use plan::{Plan, Route};
 
