@@ -1,7 +1,8 @@
 // Hopper (sm_90a) scorers: warpgroup MMAs (wgmma) for both routes.
 //
 // Same contract as indexer_decode.cu / indexer_prefill.cu (ScoreParams, the
-// logits chunk, the live-length rule, "not a candidate" for unmapped pages);
+// logits chunk, the live-length rule, "not a candidate" for unmapped pages,
+// page ids bounded by the cache);
 // only the arithmetic engine differs. This module is built for compute_90a
 // and loads on sm_90 only; every other device keeps the compute_89 baseline.
 //
@@ -211,11 +212,32 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     if (page0 >= chunk_pages) return;  // CTA-uniform
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
     const i32* pt = p.page_table + (u64)row0 * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+    // Page id of chunk page i (every page a CTA issues is live for one of its
+    // rows): an id past the cache is unmapped, reported for the first row
+    // that reaches it.
+    auto page_id = [&](u32 i) -> i32 {
+        const i32 pid = pt[i];
+        if (pid < 0 || idx_page_in_range(pid, p.pages)) return pid;
+        if (tid == 0) {
+            u32 first = 0;
+            bool found = false;
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) {
+                if (!found && n_chunk[rr] > i * IDX_PAGE_ROWS) {
+                    first = rr;
+                    found = true;
+                }
+            }
+            idx_report_bad_page(p.status, row0 + first, p.chunk_start / IDX_PAGE_ROWS + i, pid,
+                                p.pages);
+        }
+        return -1;
+    };
 
     // The first pages' copies run while Q is widened.
 #pragma unroll
     for (u32 s = 0; s < L::STAGES - 1; ++s) {
-        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
+        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, page_id(page0 + s));
         cp_async_commit();
     }
     wg_stage_q<NH, ROWS>(p, smem, row0);
@@ -251,7 +273,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
-            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
+            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, page_id(ahead));
         cp_async_commit();
         // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
         // t_lo, t_lo + 8; word s widens to the fragment of k step s. An

@@ -2,15 +2,19 @@
 
 Grid of spec §9: heads 16/32/48/64, topk 512/1024/2048, len 0, len < topk, a
 partial last page, several supertile chunks, unmapped (-1) pages, a padded
-page stride, page ids whose byte offset passes 2^31, a shared page table
-against the same table expanded, physical output, the two-stage top-k, exact
-ties and NaN, every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
+page stride, page ids whose byte offset passes 2^31, page ids past the cache
+(unmapped, reported through check()), a shared page table against the same
+table expanded, physical output, the two-stage top-k, exact ties and NaN,
+every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
 metadata. Comparisons go through ``reference.assert_topk_equivalent``
 (tie-aware: index sets match except for near-ties at the boundary).
 """
 
 from __future__ import annotations
 
+import re
+
+import b12x
 import pytest
 import torch
 from b12x import _core
@@ -270,6 +274,59 @@ def test_every_mma_flavor(heads):
             check(decode, 512, out, sc)
             _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024)
             check(prefill, 512, out, sc)
+    finally:
+        _core._indexer_force_mma_flavor(0)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
+    # No fault, never selected, and the first one readable through check().
+    rows, width = 5, 24
+    lengths = [width * PAGE, 900, 0, 700, 1200]
+    inputs = make_case(rows, 64, width, lengths, mode=mode, seed=37)
+    pages = inputs["index_k_cache"].shape[0]
+    table = inputs["page_table"]
+    base = table[:1] if mode == "prefill" else table
+    bad = {(0, 5): pages, (0, 11): 2**31 - 1}  # one past the end; 18 TB past the base
+    if mode == "decode":
+        bad[(1, 2)] = pages + 7
+        base[2, 0] = pages + 1  # row 2 has no live token: never read, never reported
+        base[3, 13] = 2**30  # past row 3's 700 tokens (11 columns): never read
+    for (r, c), pid in bad.items():
+        base[r, c] = pid
+    live = {
+        (r, c)
+        for r in range(rows)
+        for c in range(width)
+        if int(table[r, c]) >= pages and c * PAGE < lengths[r]
+    }
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
+    logits = ref.paged_logits(**inputs)
+    di.check("cuda")  # no earlier test left a record
+    try:
+        for flavor in device_flavors():
+            _core._indexer_force_mma_flavor(flavor)
+            for space in ("logical", "physical"):
+                plan = plan_for(inputs, 512, mode=mode, space=space, supertile=1024)
+                b, out, sc = bind_for(plan, inputs)
+                di.run(b)
+                torch.cuda.synchronize()
+                ref.assert_topk_equivalent(
+                    out, sc, logits, cand, 512, page_table=table, index_space=space
+                )
+                if space == "physical":
+                    assert int(out.max()) < pages * PAGE
+                with pytest.raises(b12x.PageTableError) as e:
+                    b.check()
+                m = re.match(
+                    r"run: page_table\[(\d+), (\d+)\] expected a page id in \[0, (\d+)\) "
+                    r"\(the pages of index_k_cache\) or negative \(unmapped\), got (\d+)",
+                    str(e.value),
+                )
+                assert m, str(e.value)
+                row, col, bound, pid = (int(g) for g in m.groups())
+                assert (row, col) in live and bound == pages and pid == int(table[row, col])
+                b.check()  # cleared
     finally:
         _core._indexer_force_mma_flavor(0)
 

@@ -9,8 +9,11 @@
 
 use std::ffi::c_void;
 
-use crate::device::loaded;
-use crate::error::{CudaError, Result};
+use b12x_core::indexer::{PageFault, STATUS_WORDS};
+use cudarc::driver::sys;
+
+use crate::device::{loaded, with_context, STATUS_BYTES};
+use crate::error::{CudaError, DriverContext, Result};
 use crate::launch::{launch, LaunchConfig};
 use crate::ptx::Kernel;
 
@@ -137,6 +140,8 @@ pub struct IndexerLaunch {
     pub lengths: u64,
     /// i32 [1].
     pub active_width: u64,
+    /// Pages of the K cache: page ids outside [0, pages) are unmapped.
+    pub pages: u64,
     /// i32 [rows, topk].
     pub out_indices: u64,
     /// f32 [rows, topk], or 0.
@@ -160,6 +165,7 @@ struct ScoreParams {
     lengths: u64,
     active_width: u64,
     logits: u64,
+    status: u64,
     page_stride: u64,
     pt_row_stride: u64,
     logits_row_stride: u64,
@@ -169,6 +175,8 @@ struct ScoreParams {
     chunk_start: u32,
     chunk_len: u32,
     pages_per_cta: u32,
+    pages: u32,
+    pad: u32,
 }
 
 #[repr(C)]
@@ -195,7 +203,41 @@ struct TopkParams {
     slices: u32,
     slice_len: u32,
     physical: u32,
-    pad: u32,
+    pages: u32,
+}
+
+/// The kernels' page bound: every int32 page id is below 2^31, so a larger
+/// cache bounds nothing more.
+fn kernel_pages(pages: u64) -> u32 {
+    pages.min(1 << 31) as u32
+}
+
+/// Reads and clears the status record of `ordinal` after waiting for every
+/// kernel on the device: the first page id at or past its cache since the
+/// last call, if any. Syncs the device, so never call it inside a graph
+/// capture or on a hot path.
+pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
+    let modules = loaded(ordinal)?;
+    let at = || format!("cuda:{ordinal}");
+    with_context(modules.context, || {
+        // SAFETY: waits for the current context's work.
+        unsafe { sys::cuCtxSynchronize() }.result().ctx("cuCtxSynchronize", at)?;
+        let mut words = [0u32; STATUS_WORDS];
+        // SAFETY: the status record holds STATUS_WORDS u32s (device.rs).
+        unsafe { sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), modules.status, STATUS_BYTES) }
+            .result()
+            .ctx("cuMemcpyDtoH", at)?;
+        let fault = PageFault::from_words(&words);
+        if fault.is_some() {
+            // SAFETY: as above; no kernel is running (synced).
+            unsafe { sys::cuMemsetD8_v2(modules.status, 0, STATUS_BYTES) }
+                .result()
+                .ctx("cuMemsetD8", at)?;
+            // SAFETY: as above (the memset is on the legacy stream: finish it).
+            unsafe { sys::cuCtxSynchronize() }.result().ctx("cuCtxSynchronize", at)?;
+        }
+        Ok(fault)
+    })
 }
 
 /// Chunks the page table is scored in: ceil(width * 64 / supertile).
@@ -400,7 +442,7 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
         slices,
         slice_len: slice_len(s, slices),
         physical: l.physical as u32,
-        pad: 0,
+        pages: kernel_pages(l.pages),
     };
     let topk_block = (TOPK_THREADS, 1, 1);
     for c in 0..chunks {
@@ -412,6 +454,7 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
             lengths: l.lengths,
             active_width: l.active_width,
             logits: l.logits,
+            status: modules.status,
             page_stride: l.page_stride,
             pt_row_stride: l.page_table_row_stride,
             logits_row_stride: s as u64,
@@ -421,6 +464,8 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
             chunk_start: c * s,
             chunk_len: s,
             pages_per_cta,
+            pages: kernel_pages(l.pages),
+            pad: 0,
         };
         let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
         // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
@@ -451,8 +496,8 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 10 u64 + 6 u32 and 13 u64 + 10 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
-        assert_eq!(std::mem::size_of::<ScoreParams>(), 10 * 8 + 6 * 4);
+        // 11 u64 + 8 u32 and 13 u64 + 10 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 10 * 4);
     }
 
@@ -533,6 +578,7 @@ mod tests {
             page_stride: PAGE_BYTES,
             page_table: 1,
             page_table_row_stride: 16,
+            pages: 64,
             lengths: 1,
             active_width: 1,
             out_indices: 1,

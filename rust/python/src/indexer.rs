@@ -7,10 +7,11 @@
 //! home) and are registered in `_core` under `Indexer*` names.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use b12x_core::indexer::{
-    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId, Route,
+    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, PageFault, Plan, Region,
+    RegionId, Route,
 };
 use b12x_core::{DType, Device, Error as CoreError};
 use b12x_cuda::indexer::{launch_indexer, IndexerLaunch, MmaFlavor, Route as LaunchRoute};
@@ -20,7 +21,7 @@ use pyo3::types::{PyDict, PyInt, PyList, PyTuple};
 use pyo3::{intern, IntoPyObjectExt};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::error::PyB12xResult;
+use crate::error::{exc, PyB12xResult};
 use crate::tensor::{extract, is_torch_tensor};
 
 /// Name of the one scratch buffer a plan asks for.
@@ -606,10 +607,19 @@ impl PyBinding {
             ("out_indices", a.out_indices),
             ("out_scores", a.out_scores),
             ("scratch", a.scratch),
+            ("pages", a.pages),
         ] {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+    /// Raises :class:`b12x.errors.PageTableError` for the first page id at or
+    /// past ``index_k_cache.shape[0]`` that a run on this binding's device met
+    /// since the last check (such ids are skipped as unmapped), then clears
+    /// the record. Synchronizes the device: keep it off hot paths and out of
+    /// graph captures.
+    fn check(&self, py: Python<'_>) -> PyB12xResult<()> {
+        check_device(py, self.core.plan().caps().device)
     }
     /// Address of a scratch region (scratch base + the layout offset).
     fn region_address(&self, name: &str) -> PyResult<u64> {
@@ -744,6 +754,9 @@ fn indexer_run(py: Python<'_>, binding: &Bound<'_, PyBinding>) -> PyB12xResult<P
     Ok(b.output_indices.clone_ref(py))
 }
 
+/// The first page fault of CPU runs since the last check (the CPU's status record).
+static CPU_FAULT: Mutex<Option<PageFault>> = Mutex::new(None);
+
 fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
     static REFERENCE_RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = binding.py();
@@ -752,8 +765,33 @@ fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
             py.import("b12x.attention.dsa_indexer.reference")?.getattr("run_binding")?.unbind(),
         )
     })?;
-    f.bind(py).call1((binding,))?;
+    let fault: Option<(u32, u32, i64)> = f.bind(py).call1((binding,))?.extract()?;
+    if let Some((row, column, page_id)) = fault {
+        let pages = binding.get().core.args().pages;
+        let mut first = CPU_FAULT.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(PageFault { row, column, page_id, pages });
+    }
     Ok(())
+}
+
+/// Reads and clears `device`'s page-fault record; raises PageTableError when set.
+fn check_device(py: Python<'_>, device: Device) -> PyB12xResult<()> {
+    let fault = match device {
+        Device::Cuda(ordinal) => py.detach(|| b12x_cuda::indexer::take_page_fault(ordinal))?,
+        _ => CPU_FAULT.lock().unwrap_or_else(|p| p.into_inner()).take(),
+    };
+    match fault {
+        Some(f) => Err(exc::PageTableError::new_err(f.to_string()).into()),
+        None => Ok(()),
+    }
+}
+
+/// ``dsa_indexer.check(device)``: :meth:`Binding.check` for every binding of a
+/// device (``None`` = the CPU).
+#[pyfunction]
+#[pyo3(signature = (ordinal, /))]
+fn indexer_check(py: Python<'_>, ordinal: Option<u32>) -> PyB12xResult<()> {
+    check_device(py, ordinal.map_or(Device::Cpu, Device::Cuda))
 }
 
 /// Enqueues paged FP8 scoring + exact top-k for `b.core` (plan +
@@ -795,6 +833,7 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
         page_stride: args.page_stride,
         page_table: args.page_table,
         page_table_row_stride: args.page_table_row_stride,
+        pages: args.pages,
         lengths: args.lengths,
         active_width: args.active_width,
         out_indices: args.out_indices,
@@ -829,12 +868,20 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IndexerScratchRegion", py.get_type::<PyRegion>())?;
     m.add("INDEXER_KERNELS_WIRED", KERNELS_WIRED)?;
     m.add("INDEXER_SCRATCH_NAME", SCRATCH_NAME)?;
+    // The page and top-k facts, from their one home (b12x_core::indexer).
+    m.add("INDEXER_PAGE_SIZE", indexer::PAGE_SIZE)?;
+    m.add("INDEXER_HEAD_DIM", indexer::HEAD_DIM)?;
+    m.add("INDEXER_PAGE_BYTES", indexer::PAGE_BYTES)?;
+    m.add("INDEXER_SCALE_OFFSET", indexer::SCALE_OFFSET)?;
+    m.add("INDEXER_MAX_HEADS", indexer::MAX_HEADS)?;
+    m.add("INDEXER_SUPPORTED_TOPK", PyTuple::new(py, indexer::SUPPORTED_TOPK)?)?;
     m.add_function(wrap_pyfunction!(indexer_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_build_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_plan_count, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_bind, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_run, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_check, m)?)?;
     m.add_function(wrap_pyfunction!(_indexer_force_mma_flavor, m)?)?;
     Ok(())
 }

@@ -21,6 +21,7 @@ mod bind;
 mod bucket;
 mod cache;
 mod caps;
+mod fault;
 mod layout;
 mod plan;
 
@@ -28,6 +29,7 @@ pub use bind::{bind, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
 pub use caps::{Caps, CapsRequest, IndexSpace, Mode};
+pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
 pub use plan::{Plan, Route};
 
