@@ -9,6 +9,15 @@
 #define IDX_PAGE_ROWS 64
 #define IDX_HEAD_DIM 128
 #define IDX_SCALE_OFFSET 8192
+// Heads pad to a multiple of the MMA head tile; the scorers are built for
+// 1, 2, 3 and 4 tiles.
+#define IDX_HEAD_TILE 16
+#define IDX_MAX_HEADS 64
+static_assert(IDX_MAX_HEADS == 4 * IDX_HEAD_TILE, "scorers for 16, 32, 48 and 64 heads");
+// Top-k widths the selection is built and tested for: the powers of two in
+// [MIN, MAX] (it shifts by log2(topk) and reads lists as float4 groups).
+#define IDX_TOPK_MIN 512
+#define IDX_TOPK_MAX 2048
 
 // Scorer launch parameters (decode and prefill). Pointers first, then u64,
 // then u32: the Rust mirror has the same order, so no padding differs.

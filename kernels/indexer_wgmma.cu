@@ -44,6 +44,8 @@
 #define WG_PREFILL_STAGES 4
 #define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
 #define WG_PREFILL_ROWS 4
+// Resident prefill CTAs per SM (the launch bound; register-bound at 64 heads).
+#define WG_PREFILL_MIN_CTAS 2
 // Pages per software-pipelined window (the last unit of a window does not
 // overlap an MMA; longer windows waste more at the end of a CTA's range).
 // Decode takes one page per window, no overlap: its second set of registers
@@ -391,7 +393,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
         wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                 \
     }                                                                               \
-    B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \
         b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
         wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                  \
     }

@@ -82,7 +82,6 @@ macro_rules! modules {
 }
 
 modules! {
-    topk_pad: Baseline => [FillTopkPadding = "b12x_fill_topk_padding"],
     allreduce: Baseline => [
         ArOneShotF16 = "b12x_allreduce_oneshot_f16",
         ArOneShotBF16 = "b12x_allreduce_oneshot_bf16",

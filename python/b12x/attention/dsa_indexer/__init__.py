@@ -118,12 +118,10 @@ run = _core.indexer_run
 def is_supported(device: Any = None) -> bool:
     """True when :func:`run` can execute on a GPU here.
 
-    Needs the GPU kernels to be built into this b12x, a CUDA driver with a
-    device, and FP8 MMA (compute capability 8.9 or newer) on ``device``
-    (default: CUDA device 0). CPU tensors always run the reference.
+    Needs a CUDA driver with a device and FP8 MMA (compute capability 8.9 or
+    newer) on ``device`` (default: CUDA device 0). CPU tensors always run the
+    reference.
     """
-    if not _core.INDEXER_KERNELS_WIRED:
-        return False
     from b12x import cuda
 
     if not cuda.is_available():

@@ -328,6 +328,7 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
 #[cfg(test)]
 mod tests {
     use super::super::caps::{Caps, CapsRequest};
+    use super::super::plan::DeviceFacts;
     use super::*;
 
     struct Fixture {
@@ -366,7 +367,8 @@ mod tests {
             supertile_tokens: 0,
         })
         .unwrap();
-        Arc::new(Plan::new(&caps, 132).unwrap())
+        let device = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
+        Arc::new(Plan::new(&caps, &device).unwrap())
     }
 
     fn fixture(rows: i64, width: i64) -> Fixture {

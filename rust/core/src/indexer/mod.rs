@@ -31,7 +31,7 @@ pub use cache::InternCache;
 pub use caps::{Caps, CapsRequest, IndexSpace, Mode};
 pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
-pub use plan::{Plan, Route};
+pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};
 
 /// Compressed K rows per page of the index cache.
 pub const PAGE_SIZE: u32 = 64;
