@@ -46,6 +46,12 @@ def test_the_flavor_option_is_checked():
         di.plan(cpu_caps(), mma_flavor="e4m3")
 
 
+def test_the_flavor_names_come_from_the_core():
+    assert _core.INDEXER_MMA_FLAVORS == ("e4m3", "f16", "wgmma", "wgmma_fp8")
+    with pytest.raises(b12x.ConfigError, match="topk_only expected false on a CPU plan"):
+        _core.indexer_build_plan(cpu_caps(), topk_only=True)
+
+
 def test_launch_scaffolding_is_gone():
     for name in ("_indexer_force_mma_flavor", "fill_topk_padding", "INDEXER_KERNELS_WIRED"):
         assert not hasattr(_core, name), name

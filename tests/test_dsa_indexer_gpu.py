@@ -394,6 +394,25 @@ def test_fast_precision_keeps_its_contract(mode, heads):
     print(f"{plan.mma_flavor}: worst logit error {worst:.2e} of its magnitude")
 
 
+def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
+    # the benchmark's topk_only arm: the top-k stage alone, on a full run's logits
+    inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=43)
+    plan = plan_for(inputs, 512)
+    assert plan.max_chunks == 1 and not plan.topk_only
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    stage = _core.indexer_build_plan(plan.caps, topk_only=True)
+    assert stage.topk_only and repr(stage).endswith(", topk_only=true)")
+    out2 = torch.full_like(out, 7777)
+    sc2 = torch.full_like(sc, float("nan"))
+    b2 = di.bind(stage, scratch=b.scratch, output_indices=out2, output_scores=sc2, **inputs)
+    di.run(b2)
+    torch.cuda.synchronize()
+    check(inputs, 512, out2, sc2)
+    assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
+    assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
+
+
 def test_run_without_scores():
     inputs = make_case(2, 32, 16, [1000, 100], seed=27)
     plan = plan_for(inputs, 512)

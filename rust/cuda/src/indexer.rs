@@ -384,9 +384,11 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
             pad: 0,
         };
         let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-        // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
-        // validity is the caller's contract.
-        unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        if !plan.topk_only() {
+            // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
+            // validity is the caller's contract.
+            unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        }
         tp.chunk = c;
         let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
         if slices == 1 {

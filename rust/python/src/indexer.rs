@@ -473,6 +473,11 @@ impl PyPlan {
     fn topk_slices(&self) -> u32 {
         self.plan.topk_slices()
     }
+    /// True for a benchmark plan that runs the top-k stage only.
+    #[getter]
+    fn topk_only(&self) -> bool {
+        self.plan.topk_only()
+    }
     #[getter]
     fn nbytes(&self) -> u64 {
         self.plan.nbytes()
@@ -571,16 +576,19 @@ fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyP
 
 /// A new, uncached plan every call (for benchmarks and tests), optionally
 /// with the scorers' MMA flavor forced to ``mma_flavor`` (one the device
-/// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use).
+/// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use),
+/// or running the top-k stage only (``topk_only``: on the logits a full run
+/// left in the scratch; the benchmark's ``topk_only`` arm).
 #[pyfunction]
-#[pyo3(signature = (caps, /, *, mma_flavor=None))]
+#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false))]
 fn indexer_build_plan(
     py: Python<'_>,
     caps: &Bound<'_, PyCaps>,
     mma_flavor: Option<&str>,
+    topk_only: bool,
 ) -> PyB12xResult<Py<PyPlan>> {
-    let options = PlanOptions { mma_flavor: mma_flavor.map(MmaFlavor::parse).transpose()? };
-    build_plan(py, caps.get(), &options)
+    let mma_flavor = mma_flavor.map(MmaFlavor::parse).transpose()?;
+    build_plan(py, caps.get(), &PlanOptions { mma_flavor, topk_only })
 }
 
 #[pyfunction]
@@ -878,6 +886,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INDEXER_SCALE_OFFSET", indexer::SCALE_OFFSET)?;
     m.add("INDEXER_MAX_HEADS", indexer::MAX_HEADS)?;
     m.add("INDEXER_SUPPORTED_TOPK", PyTuple::new(py, indexer::SUPPORTED_TOPK)?)?;
+    m.add("INDEXER_MMA_FLAVORS", PyTuple::new(py, MmaFlavor::ALL.map(MmaFlavor::name))?)?;
     m.add_function(wrap_pyfunction!(indexer_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_build_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_plan_count, m)?)?;

@@ -109,6 +109,9 @@ pub struct PlanOptions {
     /// Run this MMA flavor instead of the device's (it must run there: the
     /// caller checks that against the loaded kernels).
     pub mma_flavor: Option<MmaFlavor>,
+    /// Launch the top-k stage only, on the logits already in the scratch
+    /// (the benchmark's `topk_only` arm; meaningful for one-chunk plans).
+    pub topk_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +120,7 @@ pub struct Plan {
     route: Route,
     /// None on the CPU, where the reference runs.
     mma_flavor: Option<MmaFlavor>,
+    topk_only: bool,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -203,10 +207,19 @@ impl Plan {
             multiprocessors: multiprocessors as u64,
             topk_slices,
         })?;
+        if options.topk_only && !caps.device.is_cuda() {
+            return Err(Error::InvalidValue {
+                op: "plan",
+                operand: "topk_only".into(),
+                expected: "false on a CPU plan (the reference runs the whole op)".into(),
+                got: "true".into(),
+            });
+        }
         Ok(Plan {
             caps,
             route,
             mma_flavor,
+            topk_only: options.topk_only,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -232,6 +245,11 @@ impl Plan {
     #[inline]
     pub fn mma_flavor(&self) -> Option<MmaFlavor> {
         self.mma_flavor
+    }
+    /// Whether runs launch the top-k stage only ([`PlanOptions::topk_only`]).
+    #[inline]
+    pub fn topk_only(&self) -> bool {
+        self.topk_only
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -294,7 +312,11 @@ impl fmt::Display for Plan {
             self.nbytes(),
             self.caps.precision.name(),
             self.mma_flavor.map_or("reference", MmaFlavor::name)
-        )
+        )?;
+        if self.topk_only {
+            write!(f, ", topk_only=true")?;
+        }
+        Ok(())
     }
 }
 
@@ -412,7 +434,7 @@ mod tests {
         let p = Plan::new(&fast, &on((9, 0))).unwrap();
         assert!(p.to_string().ends_with("precision=fast, mma_flavor=wgmma_fp8"));
         assert!(!MmaFlavor::WgmmaFp8.is_exact() && MmaFlavor::Wgmma.is_exact());
-        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3) };
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3), ..PlanOptions::default() };
         let p = Plan::with_options(&c, &on((9, 0)), &forced).unwrap();
         assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
         assert!(p.to_string().ends_with("mma_flavor=e4m3"));
@@ -426,6 +448,10 @@ mod tests {
             "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
         );
         assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
+        let stage = PlanOptions { topk_only: true, ..PlanOptions::default() };
+        let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
+        assert!(p.topk_only() && p.to_string().ends_with(", topk_only=true"));
+        assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
         assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }
