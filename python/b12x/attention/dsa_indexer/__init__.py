@@ -148,7 +148,7 @@ def is_supported(device: Any = None) -> bool:
     return (major, minor) >= (8, 9)
 
 
-def check(device: Any = "cpu") -> None:
+def check(device: Any) -> None:
     """Raises the first page-table fault that runs on ``device`` met since the last check.
 
     ``Binding.check()`` for every binding of the device (CPU or CUDA): syncs
@@ -159,13 +159,21 @@ def check(device: Any = "cpu") -> None:
     """
     import torch
 
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    from b12x.errors import DeviceError
+
+    try:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(
+            f"check: device expected 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}"
+        ) from e
     if dev.type == "cpu":
         _core.indexer_check(None)
+    elif dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        _core.indexer_check(index)
     else:
-        from b12x import cuda
-
-        _core.indexer_check(cuda.device_index(dev))
+        raise DeviceError(f"check: device expected a cpu or cuda device, got {dev}")
 
 
 def clear_caches() -> None:
