@@ -517,8 +517,9 @@ def test_auto_declarations_route_through_the_runtime_rules(pcie):
     assert not comm.has_plan_for(torch.empty((4, 256), dtype=torch.float32))
 
     weight = torch.ones(256, dtype=torch.bfloat16)
+    assert not auto.pending
     declared, new = auto.norm(weight.data, 1e-6)  # vLLM passes weight.data: a new alias
-    assert new and declared is not weight
+    assert new and declared is not weight and auto.pending
     assert auto.norm(weight.data, 1e-6) == (declared, False)
     assert auto.norm(weight, 1e-5)[1]  # another epsilon, another declaration
     assert auto.norm_count == 2

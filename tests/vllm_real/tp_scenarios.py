@@ -326,41 +326,55 @@ def gather_scatter(rank: int) -> dict[str, Any]:
 
 
 def fused_op(rank: int, compiled: bool) -> dict[str, Any]:
-    """Item 6: torch.ops.b12x.fused_all_reduce_add_rms_norm, eager and under torch.compile."""
+    """Item 6: torch.ops.b12x.fused_all_reduce_add_rms_norm, eager and under torch.compile.
+
+    Two norms, as a model's layers call them: first a profile-sized batch
+    (above the fused ceiling: vLLM's two calls, the norms only recorded),
+    then decode-sized ones (one declaration for both norms, then fused).
+    Every result is compared with vLLM's own RMSNorm of the summed input.
+    """
     from b12x.integration.vllm import fused_op as fused
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNorm
 
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator()
     runtime = comm.ca_comm.b12x.runtime
-    from vllm.config import set_current_vllm_config
-
     with set_current_vllm_config(vllm_config()):  # vLLM's CustomOps read it when built
-        norm = RMSNorm(HIDDEN, eps=1e-6)
+        norms = {"a": RMSNorm(HIDDEN, eps=1e-6), "b": RMSNorm(HIDDEN, eps=1e-6)}
     with torch.no_grad():
-        norm.weight.copy_(torch.linspace(0.5, 1.5, HIDDEN))
+        norms["a"].weight.copy_(torch.linspace(0.5, 1.5, HIDDEN))
+        norms["b"].weight.copy_(torch.linspace(1.5, 0.5, HIDDEN))
 
-    def step(x, residual):
-        # vLLM's RMSNorm hands its kernels weight.data: a new alias per call
-        return torch.ops.b12x.fused_all_reduce_add_rms_norm(
-            x, residual, norm.weight.data, norm.variance_epsilon
-        )
+    def step(x, residual, weight):
+        return torch.ops.b12x.fused_all_reduce_add_rms_norm(x, residual, weight, 1e-6)
 
     call = torch.compile(step, backend="aot_eager", fullgraph=True) if compiled else step
     results: dict[str, Any] = {}
+    profile_rows = comm.ca_comm.b12x.limits.fused_max // (HIDDEN * 4) + 1
     with tp_communicator(comm):
         results["probe"] = fused.supports_fused_add_rms_norm()
-        for label, rows in {"declared": 4, "again": 4, "beyond_budget": 200}.items():
+        for label, name, rows in [
+            ("profile_a", "a", profile_rows),
+            ("profile_b", "b", profile_rows),
+            ("decode_a", "a", 4),
+            ("decode_b", "b", 4),
+            ("decode_a_again", "a", 4),
+            ("beyond_budget", "a", 200),
+        ]:
+            norm = norms[name]
             x = rank_input(rank, (rows, HIDDEN))
             residual = rank_input(99, (rows, HIDDEN))  # the residual stream is replicated
             want_normed, want_residual = norm.forward_native(
                 expected_sum((rows, HIDDEN)), residual.clone()
             )
-            before = len(runtime.calls)
-            normed = call(x, residual)
+            calls, declares = len(runtime.calls), len(runtime.declared_counts)
+            # vLLM's RMSNorm hands its kernels weight.data: a new alias per call
+            normed = call(x, residual, norm.weight.data)
             results[label] = {
-                "fused_calls": sum(c[0] == "fused" for c in runtime.calls[before:]),
+                "fused_calls": sum(c[0] == "fused" for c in runtime.calls[calls:]),
+                "declares": len(runtime.declared_counts) - declares,
                 "normed": bool(torch.allclose(normed, want_normed, atol=1e-5, rtol=1e-5)),
                 "residual": bool(torch.allclose(residual, want_residual, atol=1e-6, rtol=1e-6)),
                 "x_untouched": bool(torch.equal(x, rank_input(rank, (rows, HIDDEN)))),

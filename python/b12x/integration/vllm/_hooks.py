@@ -64,3 +64,11 @@ def fused_add_rms_norm(x: Any, residual: Any, weight: Any, epsilon: float) -> An
     from vllm import ir
 
     return ir.ops.fused_add_rms_norm(x, residual, weight, epsilon)
+
+
+def flashinfer_all_reduce_first() -> bool:
+    """Whether vLLM's FlashInfer all-reduce is on; it comes before ``ca_comm`` in vLLM's chain."""
+    import vllm.envs as envs
+    from vllm.distributed.device_communicators.flashinfer_all_reduce import fi_ar_available
+
+    return bool(fi_ar_available and envs.VLLM_ALLREDUCE_USE_FLASHINFER)

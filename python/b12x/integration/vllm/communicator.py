@@ -101,6 +101,13 @@ class B12xCustomAllreduce:
             shapes.hidden_size,
             str(shapes.dtype).removeprefix("torch."),
         )
+        if _hooks.flashinfer_all_reduce_first():
+            _log_once(
+                logging.INFO,
+                "%s: vLLM's FlashInfer all-reduce runs before its custom all-reduce slot and "
+                "keeps the shapes it takes; VLLM_ALLREDUCE_USE_FLASHINFER=0 gives them to b12x",
+                name,
+            )
         return adapter
 
     # --- what CudaCommunicator calls ----------------------------------------------------
@@ -149,16 +156,20 @@ class B12xCustomAllreduce:
     ) -> bool:
         """The fused op on b12x if it takes it, else False (nothing touched).
 
-        A weight seen for the first time is declared first (every rank sees
-        the same weights in the same order, so every rank declares alike).
+        A weight seen for the first time is recorded, and declared with the
+        others recorded so far at the first call small enough for the fused
+        route (every rank sees the same weights and shapes in the same order,
+        so every rank declares alike).
         """
-        if self._auto is None or not self.b12x.supports_fused_add_rms_norm():
+        auto = self._auto
+        if auto is None or not self.b12x.supports_fused_add_rms_norm():
             return False
-        declared, new = self._auto.norm(weight, epsilon)
-        if declared is None:
+        declared, _ = auto.norm(weight, epsilon)
+        if declared is None or inp.numel() * inp.element_size() > self.b12x.limits.fused_max:
             return False
-        if new:
+        if auto.pending:
             self.b12x.prepare()
+            auto.pending = False
         return self.b12x.try_fused_add_rms_norm(inp, residual, declared, epsilon, out)
 
     # --- teardown ------------------------------------------------------------------------

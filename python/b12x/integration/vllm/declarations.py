@@ -9,8 +9,11 @@ beyond it) whose bytes fit under a route ceiling; the runtime's routing takes
 what it can and the rest declines to vLLM's own backends.
 
 The fused all-reduce + add + RMSNorm is keyed by the norm's weight, which no
-config names: each weight is declared the first time the fused op sees it
-(:meth:`AutoDeclarations.norm`), for the same token counts.
+config names: each weight is recorded the first time the fused op sees it
+(:meth:`AutoDeclarations.norm`) and declared for the same token counts at the
+first call that could run fused. vLLM's profile run (``max_num_batched_tokens``
+rows, above the fused ceiling) so records every norm of the model before
+anything is declared, and one declaration covers them all.
 """
 
 from __future__ import annotations
@@ -92,8 +95,9 @@ class AutoDeclarations:
             )
             for n in shapes.token_counts(row, plain_max)
         ]
-        # (data_ptr, device, dtype, shape, epsilon) -> (declared weight, its invocations)
+        # (data_ptr, device, dtype, shape, strides, epsilon) -> (declared weight, invocations)
         self._norms: dict[tuple[Any, ...], tuple[torch.Tensor, list[Any]]] = {}
+        self.pending = False  # norms added since the owner last declared
 
     def describe(self, workload: Any = None) -> list[Any]:
         """Every declaration: the plain all-reduces, then each norm's fused ones."""
@@ -104,7 +108,8 @@ class AutoDeclarations:
         return len(self._norms)
 
     def norm(self, weight: torch.Tensor, epsilon: float) -> tuple[torch.Tensor | None, bool]:
-        """The declared weight for ``(weight, epsilon)`` and whether it is new.
+        """The declared weight for ``(weight, epsilon)`` and whether it is new
+        (a new one also sets :attr:`pending` until the owner declares again).
 
         Declarations match a weight by object identity, but vLLM hands the
         norm's ``weight.data`` (a new alias each time), so a weight is found
@@ -146,4 +151,5 @@ class AutoDeclarations:
             for n in counts
         ]
         self._norms[key] = (weight, invocations)
+        self.pending = True
         return weight, True
