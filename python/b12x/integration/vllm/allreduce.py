@@ -21,6 +21,11 @@ to the next backend (NCCL):
 3. **Run** through the runtime on torch's current stream (the capture stream
    inside a CUDA graph capture).
 
+Inside vLLM, :class:`~b12x.integration.vllm.communicator.B12xCustomAllreduce`
+builds this adapter from vLLM's own call and registers a describer derived from
+the vLLM config (:mod:`b12x.integration.vllm.declarations`), so nothing in the
+model declares anything.
+
 Routing limits are the runtime's (:class:`b12x.comm.pcie.allreduce.Limits`,
 from the ``VLLM_PCIE_*`` environment knobs unless given). Without a runtime
 (no process group, CPU only) declarations are still routed with those limits

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -185,6 +186,10 @@ class B12xCustomAllreduce:
 
     def __del__(self) -> None:
         # CudaCommunicator.destroy drops ca_comm and relies on this, as for vLLM's own.
+        # Closing is collective: at interpreter exit the peers may be gone already,
+        # and the process's exit releases everything anyway.
+        if sys.is_finalizing():
+            return
         try:
             self.close()
         except Exception as e:  # never raise from a finalizer
@@ -239,8 +244,6 @@ def uninstall() -> None:
 
 def installed() -> bool:
     """Whether vLLM builds :class:`B12xCustomAllreduce` in this process (False before vLLM)."""
-    import sys
-
     module = sys.modules.get(_SLOT_MODULE)
     return module is not None and module.CustomAllreduce is B12xCustomAllreduce
 

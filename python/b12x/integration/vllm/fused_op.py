@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from b12x.integration.vllm import _hooks
+from b12x.integration.vllm.communicator import B12xCustomAllreduce
 
 __all__ = ["fused_all_reduce_add_rms_norm", "supports_fused_add_rms_norm"]
 
@@ -31,7 +32,7 @@ def fused_all_reduce_add_rms_norm(
 ) -> torch.Tensor:
     """``residual += all_reduce(x)``; returns ``rms_norm(residual) * weight``."""
     slot = _hooks.tp_custom_allreduce()
-    if getattr(slot, "supports_fused_add_rms_norm", None) is not None:
+    if isinstance(slot, B12xCustomAllreduce) and slot.supports_fused_add_rms_norm():
         out = torch.empty_like(x)
         if slot.try_fused_add_rms_norm(x, residual, weight, epsilon, out):
             return out
@@ -52,5 +53,4 @@ def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: fl
 def supports_fused_add_rms_norm() -> bool:
     """Whether vLLM's TP group can run the fused op on b12x (False outside vLLM's TP)."""
     slot = _hooks.tp_custom_allreduce()
-    probe = getattr(slot, "supports_fused_add_rms_norm", None)
-    return bool(probe is not None and probe())
+    return isinstance(slot, B12xCustomAllreduce) and slot.supports_fused_add_rms_norm()

@@ -136,8 +136,10 @@ def hide_from_vllm_b12x_detection() -> None:
     exists in this b12x), so no backend selects missing code; this makes the
     flag agree with them.
     """
-    import vllm.utils.b12x as detection
-
+    try:
+        import vllm.utils.b12x as detection
+    except ImportError:  # a vLLM without that detection
+        return
     detection._HAS_B12X = False
 
 
