@@ -41,6 +41,7 @@ def report() -> dict:
             info["torch_metadata_path"] = f"error: {e}"
     except ImportError:
         info["torch"] = None
+    info["vllm_plugin"] = _vllm_plugin()
     info["driver_present"] = _core.driver_present()
     info["gpus"] = []
     if not info["driver_present"]:
@@ -67,6 +68,15 @@ def report() -> dict:
     return info
 
 
+def _vllm_plugin() -> dict:
+    from b12x.integration.vllm import plugin
+
+    try:  # reads metadata and the switch; never imports vLLM
+        return plugin.status()
+    except Exception as e:  # doctor reports, never fails
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def run_doctor() -> int:
     info = report()
     build = info["build"]
@@ -88,6 +98,10 @@ def run_doctor() -> int:
     _line("bindings", build["cudarc_bindings"])
     if "torch_metadata_path" in info:
         _line("tensor metadata", info["torch_metadata_path"])
+    from b12x.integration.vllm.plugin import status_lines
+
+    for key, value in status_lines(info["vllm_plugin"]):
+        _line(key, value)
     if not info["driver_present"]:
         _line("driver", "not found (libcuda.so): CPU paths only")
         return 0
