@@ -36,6 +36,14 @@ tensor, a mapping ``{"paged_indexer.scratch": tensor}`` or a one-element
 sequence. Its regions (``plan.layout``) start on 1024-byte boundaries. Its
 contents need no initialisation: ``run`` initialises what it uses.
 
+Routes
+------
+``plan.route`` (also on ``plan.layout`` and on a binding) is ``"paged_decode"``
+for decode plans and ``"packed_contiguous"`` for prefill plans. The prefill
+name is the one vLLM's b12x adapters assert; the kernel does not pack K into
+a contiguous buffer: every query row reads its request's page-table row in
+place (a stride-0 table) and the scorer tiles rows x 512 tokens as a GEMM.
+
 Semantics
 ---------
 :mod:`b12x.attention.dsa_indexer.reference` defines the result, including the
