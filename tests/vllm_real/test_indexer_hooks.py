@@ -72,10 +72,14 @@ def test_without_a_supported_gpu_install_declines_and_logs_once(caplog):
             "prefill context",
         ),
         (lambda c: setattr(c.attention_config, "indexer_kv_dtype", "mxfp4"), "mxfp4"),
+        (
+            lambda c: setattr(c.speculative_config, "enable_adaptive_verification", True),
+            "adaptive verification",
+        ),
     ],
 )
 def test_an_unsupported_config_is_declined_with_its_reason(gpu_ok, change, reason, caplog):
-    config = s.make_config()
+    config = s.make_config(speculative_tokens=1)
     change(config)
     assert reason in indexer_hooks.unsupported_reason(config)
     with caplog.at_level(logging.INFO, logger="b12x.integration.vllm"):

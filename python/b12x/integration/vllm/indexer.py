@@ -276,9 +276,10 @@ class C4SparseIndexer(torch.nn.Module):
         """Grows the shared workspace to the worst case before vLLM locks it.
 
         Plans decode and prefill for ``q``'s rows at ``max_model_len`` and asks
-        the workspace manager for both once; computes nothing. A plan's scratch
-        never shrinks as rows or width grow, so every later call (prefill
-        chunks, decode rows, several-request chunks run as decode rows) fits.
+        the workspace manager for both once; computes nothing. No plan with
+        fewer rows or a narrower table needs more scratch, so every later call
+        (prefill chunks, decode rows, several-request chunks run as decode
+        rows) fits the locked workspace.
         """
         rows = int(q.shape[0])
         width = -(-self.max_model_len // PAGE_SIZE)

@@ -94,10 +94,18 @@ class B12xIndexerMetadataBuilder(DeepseekV32IndexerMetadataBuilder):
 
 
 class B12xDeepseekV4IndexerBackend(DeepseekV4IndexerBackend):
-    """DeepSeek V4's indexer backend with b12x's metadata builder."""
+    """DeepSeek V4's indexer backend with b12x's metadata builder.
+
+    No PCP, and host query lengths must match the device's: b12x declines
+    configs with context parallelism or adaptive verification.
+    """
 
     @classmethod
     def supports_pcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
         return False
 
     @staticmethod
@@ -110,10 +118,15 @@ class B12xDeepseekV4IndexerBackend(DeepseekV4IndexerBackend):
 
 
 class B12xDeepseekV32IndexerBackend(DeepseekV32IndexerBackend):
-    """DeepSeek V3.2's indexer backend with b12x's metadata builder."""
+    """DeepSeek V3.2's indexer backend with b12x's metadata builder (no PCP,
+    no host/device query-length mismatch, as for V4)."""
 
     @classmethod
     def supports_pcp(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
         return False
 
     @staticmethod

@@ -9,8 +9,8 @@ builder. vLLM is imported only when ``install`` runs.
 
 Every layer decides again when it is built, from the config it is built
 with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
-decode or prefill context parallelism) gets vLLM's own classes, and the
-reason is logged once. ``install`` says False, with the reason logged once,
+decode or prefill context parallelism, adaptive verification) gets vLLM's
+own classes, and the reason is logged once. ``install`` says False, with the reason logged once,
 when what it can see already rules b12x out.
 """
 
@@ -74,6 +74,8 @@ def _config_reason(vllm_config: Any) -> str | None:
     kv_dtype = vllm_config.attention_config.resolve_indexer_kv_dtype("fp8")
     if kv_dtype != "fp8":
         return f"indexer_kv_dtype={kv_dtype!r} (b12x reads the FP8 index cache)"
+    if getattr(vllm_config.speculative_config, "enable_adaptive_verification", False):
+        return "adaptive verification (device query lengths that differ from the host's)"
     return None
 
 
