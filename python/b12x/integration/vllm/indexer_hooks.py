@@ -54,8 +54,10 @@ def _device_reason() -> str | None:
         if not dsa_indexer.is_supported(device):
             return f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
         return None
-    from vllm.platforms import current_platform
-
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as e:
+        return f"vLLM is not importable ({e})"
     if not current_platform.is_cuda():
         return f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
     capability = current_platform.get_device_capability()
