@@ -73,6 +73,14 @@ Physical indices ``page_id * 64 + slot`` are computed in 64 bits; ``bind``
 refuses a physical-output call whose cache has more than 2^25 pages (the
 indices would not fit int32).
 
+Routes
+------
+``plan.route`` (also on ``plan.layout`` and on a binding) is ``"paged_decode"``
+for decode plans and ``"packed_contiguous"`` for prefill plans. The prefill
+name is the one vLLM's b12x adapters assert; the kernel does not pack K into
+a contiguous buffer: every query row reads its request's page-table row in
+place (a stride-0 table) and the scorer tiles rows x 512 tokens as a GEMM.
+
 Semantics
 ---------
 :mod:`b12x.attention.dsa_indexer.reference` defines the result, including the

@@ -19,6 +19,7 @@ pub enum Route {
     /// place, chunk by chunk, folding a top-k carry.
     PagedDecode,
     /// Prefill: every query row shares one page-table row (stride 0).
+    /// Named `packed_contiguous`, the name vLLM's b12x adapters assert.
     SharedPrefill,
 }
 
@@ -26,7 +27,7 @@ impl Route {
     pub const fn name(self) -> &'static str {
         match self {
             Route::PagedDecode => "paged_decode",
-            Route::SharedPrefill => "shared_prefill",
+            Route::SharedPrefill => "packed_contiguous",
         }
     }
 }
@@ -398,7 +399,7 @@ mod tests {
         let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), &sms(1)).unwrap();
         assert_eq!(p.heads_padded(), 32);
         assert_eq!(p.route(), Route::SharedPrefill);
-        assert_eq!(p.route().name(), "shared_prefill");
+        assert_eq!(p.route().name(), "packed_contiguous");
     }
 
     #[test]
