@@ -44,11 +44,8 @@ def _device_reason() -> str | None:
     """
     import torch
 
-    from b12x import _core
     from b12x.attention import dsa_indexer
 
-    if not _core.INDEXER_KERNELS_WIRED:
-        return "this b12x build has no indexer kernels"
     if torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         if not dsa_indexer.is_supported(device):
