@@ -23,6 +23,8 @@
 // lengths alone) and pad their unused slots with not-a-candidate entries.
 #include "indexer_common.cuh"
 
+typedef unsigned short u16;
+
 #define TOPK_THREADS 1024
 #define TOPK_WARPS (TOPK_THREADS / 32)
 #define TOPK_CAP 3072
@@ -52,6 +54,8 @@ struct TopkParams {
     u32 slices;
     u32 slice_len;
     u32 physical;
+    u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
+    u32 cand_cap;   // keys of the threshold bin it can refine (<= STAGED_CAND_MAX)
     u32 pad_;
 };
 
@@ -263,7 +267,8 @@ struct TopkSmem {
 
 // Exclusive prefix sum of x over the block in thread order; returns it and
 // sets *total. Contains two barriers; every thread must call it.
-__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, TopkSmem& sm) {
+template <class Smem>
+__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, Smem& sm) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 inc = x;
 #pragma unroll
@@ -288,7 +293,8 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, TopkSmem&
 // Bin holding the need-th largest key (bins counted from the top): writes
 // res_bin, res_above (keys in higher bins), res_cnt and res_total (all
 // counted keys; when need > res_total no bin is written). Barriers inside.
-__device__ __forceinline__ void find_bin(TopkSmem& sm, u32 nbins, u32 need) {
+template <class Smem>
+__device__ __forceinline__ void find_bin(Smem& sm, u32 nbins, u32 need) {
     const u32 per = (nbins + TOPK_THREADS - 1) / TOPK_THREADS;
     const u32 t = threadIdx.x;
     // Thread t owns bins [hi - per, hi), hi = nbins - t * per, scanned downwards.
@@ -665,17 +671,313 @@ __device__ __forceinline__ void select_topk(const Src& src, u32 k, u32 pad_to, c
 
 __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1); }
 
+
+// ---------------------------------------------------------------- staged path
+//
+// The fast path of every kernel below: one read of the candidates. Each
+// thread loads float4 groups, stages the top 16 bits of their keys in shared
+// memory and counts the top 12 bits in a 4096-bin histogram. The bin b0 that
+// holds the k-th key splits them: keys in higher bins are in, keys in lower
+// bins out. One pass over the staged prefixes lists the positions at or above
+// b0; one parallel round of (L2) reads fetches their values and indices; the
+// keys above b0 are emitted and b0's keys (a few hundred) are refined on the
+// 64-bit key (value key << 32 | ~index) in shared memory, with the radix
+// path's 12/8-bit digits. What this path does not cover exactly and cheaply
+// goes to the general paths above, same results, slower: fewer than k numbers,
+// +inf or positive NaN present, more than cand_cap keys in b0, or more
+// candidates than the stage holds.
+
+#define STAGED_BINS 4096u
+#define STAGED_CAND_MAX 4096u
+#define STAGED_FIRST_NUMBER_BIN 8u  // bins below hold negative NaNs and non-candidates
+#define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
+
+// Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
+// share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
+// above +inf, negative NaNs and IDX_NOT_CANDIDATE_BITS (-> 1) below -inf: the
+// staged path never selects from those bins. Three instructions.
+__device__ __forceinline__ u32 staged_key(float v) {
+    const u32 b = __float_as_uint(v);
+    const u32 s = (u32)((i32)b >> 31);
+    return (b ^ (s | 0x80000000u)) - s;
+}
+
+__device__ __forceinline__ u64 staged_key64(u32 bits, u32 idx) {
+    return ((u64)staged_key(__uint_as_float(bits)) << 32) | (u64)(~idx);
+}
+
+struct StagedSmem {
+    u32 hist[STAGED_BINS];
+    u32 warp_sum[TOPK_WARPS];
+    u32 res_bin;
+    u32 res_above;
+    u32 res_cnt;
+    u32 res_total;
+    u32 special;  // +inf or a positive NaN was counted
+    u32 n_hits;
+    u32 n_cand;
+    u32 out_n;
+};
+
+static_assert(sizeof(StagedSmem) == 16544, "mirrored by rust/cuda/src/indexer.rs");
+static_assert(sizeof(TopkSmem) == 41240, "mirrored by rust/cuda/src/indexer.rs");
+
+// Dynamic shared memory: StagedSmem, hits[topk + cand_cap] (staged positions at
+// or above b0), cand_val / cand_idx[cand_cap] (b0's keys), stage[stage_cap] (u16
+// key prefixes); TopkSmem overlays it for the general paths.
+struct StagedLayout {
+    StagedSmem* sm;
+    u32* hits;
+    u32* cand_val;
+    u32* cand_idx;
+    u16* stage;
+};
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+// The bytes a launch must give (mirrored by topk_shared_bytes in rust/cuda/src/indexer.rs).
+__device__ __forceinline__ u32 staged_bytes(u32 topk, u32 cand_cap, u32 stage_cap) {
+    const u32 staged = (u32)sizeof(StagedSmem) + 4u * (topk + 3u * cand_cap) + 2u * stage_cap;
+    return max(staged, (u32)sizeof(TopkSmem));
+}
+
+__device__ __forceinline__ StagedLayout staged_layout(u8* dsm, const TopkParams& p) {
+    if (dynamic_smem_bytes() < staged_bytes(p.topk, p.cand_cap, p.stage_cap) ||
+        p.cand_cap > STAGED_CAND_MAX)
+        __trap();  // the launcher sized the shared memory wrong
+    StagedLayout l;
+    l.sm = reinterpret_cast<StagedSmem*>(dsm);
+    l.hits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
+    l.cand_val = l.hits + p.topk + p.cand_cap;
+    l.cand_idx = l.cand_val + p.cand_cap;
+    l.stage = reinterpret_cast<u16*>(l.cand_idx + p.cand_cap);
+    return l;
+}
+
+// Staged sources: a scalar head (the carry) at stage positions [0, n_head),
+// padded to a multiple of 4, then float4 groups; value_at / index_at re-read
+// one staged position.
+
+// carry + contiguous chunk logits (fold), or one slice of them (slice: no carry).
+struct StagedDense {
+    const float* cv;
+    const i32* ci;
+    u32 nh;
+    const float* logits;
+    u32 idx0;
+    u32 n;
+    __device__ __forceinline__ u32 n_head() const { return nh; }
+    __device__ __forceinline__ u32 head_pad() const { return (nh + 3u) & ~3u; }
+    __device__ __forceinline__ float head(u32 i) const { return cv[i]; }
+    __device__ __forceinline__ u32 n_groups() const { return (n + 3u) / 4u; }
+    __device__ __forceinline__ float4 group(u32 g) const {
+        return __ldcg(reinterpret_cast<const float4*>(logits) + g);
+    }
+    __device__ __forceinline__ bool valid(u32 j) const { return j < n; }
+    __device__ __forceinline__ float value_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? cv[pos] : __ldcg(logits + (pos - hp));
+    }
+    __device__ __forceinline__ u32 index_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? (u32)ci[pos] : idx0 + (pos - hp);
+    }
+};
+
+// carry + the slices' partial lists (slot e of slice s is live when e < slice_count(s)).
+struct StagedMerge {
+    const float* cv;
+    const i32* ci;
+    u32 nh;
+    const float* pv;
+    const i32* pi;
+    u32 topk_shift;
+    u32 slices;
+    u32 slice_len;
+    u32 n_chunk;
+    __device__ __forceinline__ u32 n_head() const { return nh; }
+    __device__ __forceinline__ u32 head_pad() const { return (nh + 3u) & ~3u; }
+    __device__ __forceinline__ float head(u32 i) const { return cv[i]; }
+    __device__ __forceinline__ u32 n_groups() const { return (slices << topk_shift) / 4u; }
+    __device__ __forceinline__ float4 group(u32 g) const {
+        return __ldcg(reinterpret_cast<const float4*>(pv) + g);
+    }
+    __device__ __forceinline__ bool valid(u32 j) const {
+        const u32 s = j >> topk_shift;
+        const u32 start = s * slice_len;
+        const u32 len = n_chunk > start ? min(n_chunk - start, slice_len) : 0u;
+        return (j & ((1u << topk_shift) - 1u)) < min(len, 1u << topk_shift);
+    }
+    __device__ __forceinline__ float value_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? cv[pos] : __ldcg(pv + (pos - hp));
+    }
+    __device__ __forceinline__ u32 index_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return (u32)(pos < hp ? ci[pos] : __ldcg(pi + (pos - hp)));
+    }
+};
+
+// Pass 1: stage the key prefixes (0 for padding) and count the live ones' top
+// 12 bits. U float4 groups per thread in flight.
+template <int U, class Src>
+__device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& l) {
+    StagedSmem& sm = *l.sm;
+    const u32 t = threadIdx.x;
+    for (u32 b = t; b < STAGED_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    if (t == 0) {
+        sm.n_hits = 0;
+        sm.n_cand = 0;
+        sm.out_n = 0;
+    }
+    __syncthreads();
+    const u32 nh = src.n_head(), hp = src.head_pad();
+    for (u32 i = t; i < hp; i += TOPK_THREADS) {
+        u32 k16 = 0;
+        if (i < nh) {
+            k16 = staged_key(src.head(i)) >> 16;
+            atomicAdd(&sm.hist[k16 >> 4], 1u);
+        }
+        l.stage[i] = (u16)k16;
+    }
+    uint2* st = reinterpret_cast<uint2*>(l.stage + hp);
+    const u32 ng = src.n_groups();
+    for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 g = base + u * TOPK_THREADS + t;
+            if (g < ng) v[u] = src.group(g);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 g = base + u * TOPK_THREADS + t;
+            if (g < ng) {
+                const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+                u32 k[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const bool ok = src.valid(4 * g + j);
+                    k[j] = ok ? staged_key(e[j]) >> 16 : 0u;
+                    if (ok) atomicAdd(&sm.hist[k[j] >> 4], 1u);
+                }
+                st[g] = make_uint2(k[0] | (k[1] << 16), k[2] | (k[3] << 16));
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Pass 2: the staged positions whose prefix is at or above bin b0.
+__device__ __forceinline__ void staged_hits(const StagedLayout& l, u32 npos, u32 b0) {
+    StagedSmem& sm = *l.sm;
+    const u32 lo = b0 << 4;
+    const uint2* st = reinterpret_cast<const uint2*>(l.stage);
+    const u32 nq = npos / 4;
+#pragma unroll 4
+    for (u32 q = threadIdx.x; q < nq; q += TOPK_THREADS) {
+        const uint2 w = st[q];
+        const u32 k[4] = {w.x & 0xffffu, w.x >> 16, w.y & 0xffffu, w.y >> 16};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (k[j] >= lo) l.hits[atomicAdd(&sm.n_hits, 1u)] = 4 * q + j;
+        }
+    }
+    __syncthreads();
+}
+
+// The k best of src to sink slots [0, k) when the staged path covers them;
+// otherwise the general path kPath over gsrc (the same candidates read from
+// global memory), which also handles k >= candidates and padding to pad_to.
+template <int U, int kPath, class Src, class GSrc, class Sink>
+__device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_to,
+                              const Sink& sink, const TopkParams& p, u8* dsm) {
+    const StagedLayout l = staged_layout(dsm, p);
+    StagedSmem& sm = *l.sm;
+    const u32 npos = src.head_pad() + 4 * src.n_groups();
+    bool staged = npos <= p.stage_cap;
+    if (staged) {
+        staged_load<U>(src, l);
+        if (threadIdx.x < 32) {
+            const bool s = threadIdx.x < STAGED_BINS - STAGED_FIRST_SPECIAL_BIN &&
+                           sm.hist[STAGED_FIRST_SPECIAL_BIN + threadIdx.x] != 0;
+            const u32 any = __ballot_sync(0xffffffffu, s);
+            if (threadIdx.x == 0) sm.special = any;
+        }
+        find_bin(sm, STAGED_BINS, k);  // (its barriers publish special)
+        staged = sm.special == 0 && sm.res_total >= k && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
+                 sm.res_cnt <= p.cand_cap;
+    }
+    if (!staged) {
+        __syncthreads();  // every thread is done with the staged state the general path overlays
+        select_topk<kPath>(gsrc, k, pad_to, sink, *reinterpret_cast<TopkSmem*>(dsm));
+        return;
+    }
+    const u32 b0 = sm.res_bin;
+    const u32 m = sm.res_cnt;
+    u32 need = k - sm.res_above;
+    staged_hits(l, npos, b0);
+    // One round of reads: the keys above b0 go out, b0's keys to the buffer.
+    const u32 nhits = sm.n_hits;
+    const u32 hi = (b0 + 1) << 4;
+    for (u32 j = threadIdx.x; j < nhits; j += TOPK_THREADS) {
+        const u32 pos = l.hits[j];
+        const float v = src.value_at(pos);
+        const u32 idx = src.index_at(pos);
+        if (l.stage[pos] >= hi) {
+            sink.emit(atomicAdd(&sm.out_n, 1u), v, idx);
+        } else {
+            const u32 c = atomicAdd(&sm.n_cand, 1u);
+            l.cand_val[c] = __float_as_uint(v);
+            l.cand_idx[c] = idx;
+        }
+    }
+    __syncthreads();
+    // Refine b0 on the 64-bit key, digits below the first (as select_topk_radix).
+    u64 prefix = b0;
+    u32 shift = kLevelShift[0];
+    if (m != need) {
+        for (int lvl = 1; lvl < 6; ++lvl) {
+            shift = kLevelShift[lvl];
+            const u32 width = kLevelWidth[lvl];
+            const u32 nbins = 1u << width;
+            for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
+            __syncthreads();
+            const u32 above_shift = shift + width;
+            for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
+                const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
+                if ((key >> above_shift) == prefix)
+                    atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
+            }
+            __syncthreads();
+            find_bin(sm, nbins, need);
+            prefix = (prefix << width) | sm.res_bin;
+            need -= sm.res_above;
+            if (sm.res_cnt == need) break;  // every key of this bin is in
+        }
+    }
+    for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
+        const u32 vb = l.cand_val[j], idx = l.cand_idx[j];
+        if ((staged_key64(vb, idx) >> shift) >= prefix)
+            sink.emit(atomicAdd(&sm.out_n, 1u), __uint_as_float(vb), idx);
+    }
+}
+
 // Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
-template <int kPath, class Src>
+template <int U, int kPath, class Src, class GSrc>
 __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const RowChunk& rc,
-                                               const Src& src, TopkSmem& sm) {
+                                               const Src& src, const GSrc& gsrc, u8* dsm) {
     if (rc.last) {
         OutputSink sink;
         sink.idx = p.out_indices + (u64)r * p.topk;
         sink.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
         sink.pt_row = p.page_table + (u64)r * p.pt_row_stride;
         sink.physical = p.physical != 0;
-        select_topk<kPath>(src, p.topk, p.topk, sink, sm);
+        select_staged<U, kPath>(src, gsrc, p.topk, p.topk, sink, p, dsm);
     } else {
         ValueSink sink;
         const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
@@ -683,64 +985,84 @@ __device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const
         sink.i = p.carry_indices + off;
         // The next chunk reads min(topk, live tokens so far) carry slots.
         const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
-        select_topk<kPath>(src, p.topk, (u32)min(through, (u64)p.topk), sink, sm);
+        select_staged<U, kPath>(src, gsrc, p.topk, (u32)min(through, (u64)p.topk), sink, p, dsm);
     }
 }
 
+extern __shared__ __align__(16) u8 topk_dsm[];
+
 // Grid (rows): carry + this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
-    __shared__ TopkSmem sm;
+template <int U>
+__device__ __forceinline__ void topk_fold(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
-    DenseSource src;
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
-    src.cv = p.carry_values + cin;
-    src.ci = p.carry_indices + cin;
-    src.n_carry = rc.n_carry;
-    src.logits = p.logits + (u64)r * p.logits_row_stride;
-    src.idx0 = p.chunk * p.chunk_len;
-    src.n = rc.n_chunk;
-    select_to_dest<kRadix>(p, r, rc, src, sm);
+    DenseSource g;
+    g.cv = p.carry_values + cin;
+    g.ci = p.carry_indices + cin;
+    g.n_carry = rc.n_carry;
+    g.logits = p.logits + (u64)r * p.logits_row_stride;
+    g.idx0 = p.chunk * p.chunk_len;
+    g.n = rc.n_chunk;
+    const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
+    select_to_dest<U, kRadix>(p, r, rc, s, g, topk_dsm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
-    __shared__ TopkSmem sm;
-    const u32 r = blockIdx.x, s = blockIdx.y;
+template <int U>
+__device__ __forceinline__ void topk_slice(const TopkParams& p) {
+    const u32 r = blockIdx.x, sl = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
-    const u32 start = s * p.slice_len;
+    const u32 start = sl * p.slice_len;
     if (rc.n_chunk <= start) return;
-    DenseSource src;
-    src.cv = nullptr;
-    src.ci = nullptr;
-    src.n_carry = 0;
-    src.logits = p.logits + (u64)r * p.logits_row_stride + start;
-    src.idx0 = p.chunk * p.chunk_len + start;
-    src.n = min(rc.n_chunk - start, p.slice_len);
+    DenseSource g;
+    g.cv = nullptr;
+    g.ci = nullptr;
+    g.n_carry = 0;
+    g.logits = p.logits + (u64)r * p.logits_row_stride + start;
+    g.idx0 = p.chunk * p.chunk_len + start;
+    g.n = min(rc.n_chunk - start, p.slice_len);
+    const StagedDense s{nullptr, nullptr, 0u, g.logits, g.idx0, g.n};
     ValueSink sink;
-    const u64 off = ((u64)r * p.slices + s) * p.topk;
+    const u64 off = ((u64)r * p.slices + sl) * p.topk;
     sink.v = p.part_values + off;
     sink.i = p.part_indices + off;
-    select_topk<kWindowUnrolled>(src, p.topk, min(src.n, p.topk), sink, sm);
+    select_staged<U, kWindowUnrolled>(s, g, p.topk, min(g.n, p.topk), sink, p, topk_dsm);
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
-    __shared__ TopkSmem sm;
+template <int U>
+__device__ __forceinline__ void topk_merge(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;
-    MergeSource src;
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
-    src.cv = p.carry_values + cin;
-    src.ci = p.carry_indices + cin;
-    src.n_carry = rc.n_carry;
-    src.pv = p.part_values + (u64)r * p.slices * p.topk;
-    src.pi = p.part_indices + (u64)r * p.slices * p.topk;
-    src.topk_shift = log2_pow2(p.topk);
-    src.slices = p.slices;
-    src.slice_len = p.slice_len;
-    src.n_chunk = rc.n_chunk;
-    select_to_dest<kWindowRolled>(p, r, rc, src, sm);
+    MergeSource g;
+    g.cv = p.carry_values + cin;
+    g.ci = p.carry_indices + cin;
+    g.n_carry = rc.n_carry;
+    g.pv = p.part_values + (u64)r * p.slices * p.topk;
+    g.pi = p.part_indices + (u64)r * p.slices * p.topk;
+    g.topk_shift = log2_pow2(p.topk);
+    g.slices = p.slices;
+    g.slice_len = p.slice_len;
+    g.n_chunk = rc.n_chunk;
+    const StagedMerge s{g.cv, g.ci, g.n_carry, g.pv, g.pi, g.topk_shift,
+                        g.slices, g.slice_len, g.n_chunk};
+    select_to_dest<U, kWindowRolled>(p, r, rc, s, g, topk_dsm);
+}
+
+// One 1024-thread CTA per row / (row, slice); dynamic shared memory from
+// topk_shared_bytes (rust/cuda/src/indexer.rs).
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
+    topk_fold<8>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
+    topk_slice<4>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
+    topk_merge<4>(p);
 }
