@@ -55,7 +55,7 @@ struct TopkParams {
     u32 slice_len;
     u32 physical;
     u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
-    u32 cand_cap;   // keys of the threshold bin it can refine (<= STAGED_CAND_MAX)
+    u32 hit_cap;    // positions the staged path may list at or above its threshold
     u32 pad_;
 };
 
@@ -674,36 +674,40 @@ __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1
 
 // ---------------------------------------------------------------- staged path
 //
-// The fast path of every kernel below: one read of the candidates. Each
-// thread loads float4 groups, stages the top 16 bits of their keys in shared
-// memory and counts the top 12 bits in a 4096-bin histogram. The bin b0 that
-// holds the k-th key splits them: keys in higher bins are in, keys in lower
-// bins out. One pass over the staged prefixes lists the positions at or above
-// b0; one parallel round of (L2) reads fetches their values and indices; the
-// keys above b0 are emitted and b0's keys (a few hundred) are refined on the
-// 64-bit key (value key << 32 | ~index) in shared memory, with the radix
-// path's 12/8-bit digits. What this path does not cover exactly and cheaply
-// goes to the general paths above, same results, slower: fewer than k numbers,
-// +inf or positive NaN present, more than cand_cap keys in b0, or more
-// candidates than the stage holds.
+// The fast path of every kernel below: the candidates are read from global
+// memory once and staged in shared memory (raw fp32 bits, or the top 16 bits of
+// their keys where shared memory is short), while one in eight of them, spread
+// over the four lanes of a float4, is counted in a 4096-bin histogram of the top
+// 12 key bits. The sample's bin at rank ~1.5 k/8 + 16 gives a threshold t that
+// at least k candidates pass with overwhelming probability; one scan of the
+// stage then counts the candidates at or above t in the same histogram and
+// lists their positions (about 2k of them). Its bin b0 holding the k-th key
+// splits them: keys above b0 are in, and b0's keys (a few hundred) are refined
+// on the 64-bit key (value key << 32 | ~index) with the radix path's 12/8-bit
+// digits. If fewer than k pass t, or too many for the list, one scan counts
+// every staged key instead. What the staged path cannot decide exactly --
+// fewer than k numbers, +inf or a positive NaN present, a stage too small --
+// goes to the general paths above, out of line (same results, slower).
 
 #define STAGED_BINS 4096u
-#define STAGED_CAND_MAX 4096u
-#define STAGED_FIRST_NUMBER_BIN 8u  // bins below hold negative NaNs and non-candidates
+#define STAGED_HIT_MAX 8192u
+#define STAGED_FIRST_NUMBER_BIN 8u       // bins below: negative NaNs, non-candidates
 #define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
+#define STAGED_NONE 0x10000u             // a 16-bit threshold no key prefix reaches
 
 // Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
 // share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
-// above +inf, negative NaNs and IDX_NOT_CANDIDATE_BITS (-> 1) below -inf: the
-// staged path never selects from those bins. Three instructions.
-__device__ __forceinline__ u32 staged_key(float v) {
-    const u32 b = __float_as_uint(v);
-    const u32 s = (u32)((i32)b >> 31);
-    return (b ^ (s | 0x80000000u)) - s;
+// above +inf, negative NaNs and IDX_NOT_CANDIDATE_BITS (-> 1, prefix 0) below
+// -inf: the staged path never selects from those bins. Three instructions.
+__device__ __forceinline__ u32 staged_key(u32 bits) {
+    const u32 s = (u32)((i32)bits >> 31);
+    return (bits ^ (s | 0x80000000u)) - s;
 }
 
+__device__ __forceinline__ u32 staged_prefix(u32 bits) { return staged_key(bits) >> 16; }
+
 __device__ __forceinline__ u64 staged_key64(u32 bits, u32 idx) {
-    return ((u64)staged_key(__uint_as_float(bits)) << 32) | (u64)(~idx);
+    return ((u64)staged_key(bits) << 32) | (u64)(~idx);
 }
 
 struct StagedSmem {
@@ -722,15 +726,23 @@ struct StagedSmem {
 static_assert(sizeof(StagedSmem) == 16544, "mirrored by rust/cuda/src/indexer.rs");
 static_assert(sizeof(TopkSmem) == 41240, "mirrored by rust/cuda/src/indexer.rs");
 
-// Dynamic shared memory: StagedSmem, hits[topk + cand_cap] (staged positions at
-// or above b0), cand_val / cand_idx[cand_cap] (b0's keys), stage[stage_cap] (u16
-// key prefixes); TopkSmem overlays it for the general paths.
+// Dynamic shared memory: StagedSmem, hits / cand_val / cand_idx [hit_cap], then
+// the stage: u32 [stage_cap] raw bits or u16 [stage_cap] key prefixes.
+// TopkSmem overlays it for the general paths. Mirrored by topk_shared_bytes
+// in rust/cuda/src/indexer.rs.
+template <bool kRaw>
+__device__ __forceinline__ u32 staged_bytes(u32 hit_cap, u32 stage_cap) {
+    const u32 staged = (u32)sizeof(StagedSmem) + 12u * hit_cap + (kRaw ? 4u : 2u) * stage_cap;
+    return max(staged, (u32)sizeof(TopkSmem));
+}
+
 struct StagedLayout {
     StagedSmem* sm;
     u32* hits;
     u32* cand_val;
     u32* cand_idx;
-    u16* stage;
+    void* stage;
+    u32 hit_cap;
 };
 
 __device__ __forceinline__ u32 dynamic_smem_bytes() {
@@ -739,23 +751,54 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
     return r;
 }
 
-// The bytes a launch must give (mirrored by topk_shared_bytes in rust/cuda/src/indexer.rs).
-__device__ __forceinline__ u32 staged_bytes(u32 topk, u32 cand_cap, u32 stage_cap) {
-    const u32 staged = (u32)sizeof(StagedSmem) + 4u * (topk + 3u * cand_cap) + 2u * stage_cap;
-    return max(staged, (u32)sizeof(TopkSmem));
-}
-
+template <bool kRaw>
 __device__ __forceinline__ StagedLayout staged_layout(u8* dsm, const TopkParams& p) {
-    if (dynamic_smem_bytes() < staged_bytes(p.topk, p.cand_cap, p.stage_cap) ||
-        p.cand_cap > STAGED_CAND_MAX)
+    if (dynamic_smem_bytes() < staged_bytes<kRaw>(p.hit_cap, p.stage_cap) ||
+        p.hit_cap > STAGED_HIT_MAX || (p.hit_cap & 3u) != 0)
         __trap();  // the launcher sized the shared memory wrong
     StagedLayout l;
     l.sm = reinterpret_cast<StagedSmem*>(dsm);
     l.hits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
-    l.cand_val = l.hits + p.topk + p.cand_cap;
-    l.cand_idx = l.cand_val + p.cand_cap;
-    l.stage = reinterpret_cast<u16*>(l.cand_idx + p.cand_cap);
+    l.cand_val = l.hits + p.hit_cap;
+    l.cand_idx = l.cand_val + p.hit_cap;
+    l.stage = l.cand_idx + p.hit_cap;
+    l.hit_cap = p.hit_cap;
     return l;
+}
+
+// Where a kernel's selection goes, chosen at run time so the staged path is
+// compiled once per kernel: the outputs, or a (value, index) list.
+struct DestSink {
+    OutputSink out;
+    ValueSink val;
+    bool to_output;
+    __device__ __forceinline__ void emit(u32 slot, float v, u32 idx) const {
+        if (to_output)
+            out.emit(slot, v, idx);
+        else
+            val.emit(slot, v, idx);
+    }
+};
+
+// The general paths, out of the staged path's code.
+template <int kPath, class GSrc>
+__device__ __noinline__ void select_general(const GSrc& g, u32 k, u32 pad_to, const DestSink& d,
+                                            TopkSmem& sm) {
+    if (d.to_output)
+        select_topk<kPath>(g, k, pad_to, d.out, sm);
+    else
+        select_topk<kPath>(g, k, pad_to, d.val, sm);
+}
+
+// Slots for the lanes with sel from counter *ctr; mask = __ballot_sync(sel) != 0.
+__device__ __forceinline__ u32 warp_reserve(bool sel, u32 mask, u32* ctr) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 leader = (u32)__ffs((int)mask) - 1;
+    u32 base = 0;
+    if (lane == leader) base = atomicAdd(ctr, (u32)__popc(mask));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    (void)sel;
+    return base + (u32)__popc(mask & ((1u << lane) - 1u));
 }
 
 // Staged sources: a scalar head (the carry) at stage positions [0, n_head),
@@ -822,9 +865,9 @@ struct StagedMerge {
     }
 };
 
-// Pass 1: stage the key prefixes (0 for padding) and count the live ones' top
-// 12 bits. U float4 groups per thread in flight.
-template <int U, class Src>
+// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, prefix 0)
+// and count the sample. U float4 groups per thread in flight.
+template <int U, bool kRaw, class Src>
 __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
     const u32 t = threadIdx.x;
@@ -835,16 +878,17 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
         sm.out_n = 0;
     }
     __syncthreads();
+    u32* st32 = static_cast<u32*>(l.stage);
+    u16* st16 = static_cast<u16*>(l.stage);
     const u32 nh = src.n_head(), hp = src.head_pad();
     for (u32 i = t; i < hp; i += TOPK_THREADS) {
-        u32 k16 = 0;
-        if (i < nh) {
-            k16 = staged_key(src.head(i)) >> 16;
-            atomicAdd(&sm.hist[k16 >> 4], 1u);
-        }
-        l.stage[i] = (u16)k16;
+        const u32 bits = i < nh ? __float_as_uint(src.head(i)) : IDX_NOT_CANDIDATE_BITS;
+        if (kRaw)
+            st32[i] = bits;
+        else
+            st16[i] = (u16)staged_prefix(bits);
+        if (i < nh && (i & 7u) == 0) atomicAdd(&sm.hist[staged_prefix(bits) >> 4], 1u);
     }
-    uint2* st = reinterpret_cast<uint2*>(l.stage + hp);
     const u32 ng = src.n_groups();
     for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
         float4 v[U];
@@ -856,101 +900,182 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 g = base + u * TOPK_THREADS + t;
-            if (g < ng) {
-                const float e[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-                u32 k[4];
+            if (g >= ng) continue;
+            u32 b[4] = {__float_as_uint(v[u].x), __float_as_uint(v[u].y),
+                        __float_as_uint(v[u].z), __float_as_uint(v[u].w)};
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const bool ok = src.valid(4 * g + j);
-                    k[j] = ok ? staged_key(e[j]) >> 16 : 0u;
-                    if (ok) atomicAdd(&sm.hist[k[j] >> 4], 1u);
-                }
-                st[g] = make_uint2(k[0] | (k[1] << 16), k[2] | (k[3] << 16));
+            for (int j = 0; j < 4; ++j)
+                if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
+            if (kRaw) {
+                reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
+            } else {
+                reinterpret_cast<uint2*>(st16 + hp)[g] =
+                    make_uint2(staged_prefix(b[0]) | (staged_prefix(b[1]) << 16),
+                               staged_prefix(b[2]) | (staged_prefix(b[3]) << 16));
+            }
+            if ((g & 1u) == 0) {  // the sample: lane (g / 2) % 4 of every other group
+                const u32 s = pick4(b, (int)((g >> 1) & 3u));
+                if (s != IDX_NOT_CANDIDATE_BITS) atomicAdd(&sm.hist[staged_prefix(s) >> 4], 1u);
             }
         }
     }
     __syncthreads();
 }
 
-// Pass 2: the staged positions whose prefix is at or above bin b0.
-__device__ __forceinline__ void staged_hits(const StagedLayout& l, u32 npos, u32 b0) {
+// One scan of the stage: counts the key prefixes >= t_hist in the histogram and
+// lists the positions of those >= t_hits (STAGED_NONE: neither). The list
+// stops at hit_cap; n_hits keeps counting.
+template <bool kRaw>
+__device__ __noinline__ void staged_scan(const StagedLayout& l, u32 npos, u32 t_hist,
+                                         u32 t_hits) {
     StagedSmem& sm = *l.sm;
-    const u32 lo = b0 << 4;
-    const uint2* st = reinterpret_cast<const uint2*>(l.stage);
     const u32 nq = npos / 4;
-#pragma unroll 4
-    for (u32 q = threadIdx.x; q < nq; q += TOPK_THREADS) {
-        const uint2 w = st[q];
-        const u32 k[4] = {w.x & 0xffffu, w.x >> 16, w.y & 0xffffu, w.y >> 16};
+    for (u32 base = 0; base < nq; base += TOPK_THREADS) {
+        const u32 q = base + threadIdx.x;
+        const bool in = q < nq;
+        u32 k[4] = {0, 0, 0, 0};
+        if (in) {
+            if (kRaw) {
+                const uint4 w = reinterpret_cast<const uint4*>(l.stage)[q];
+                k[0] = staged_prefix(w.x);
+                k[1] = staged_prefix(w.y);
+                k[2] = staged_prefix(w.z);
+                k[3] = staged_prefix(w.w);
+            } else {
+                const uint2 w = reinterpret_cast<const uint2*>(l.stage)[q];
+                k[0] = w.x & 0xffffu;
+                k[1] = w.x >> 16;
+                k[2] = w.y & 0xffffu;
+                k[3] = w.y >> 16;
+            }
+        }
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            if (k[j] >= lo) l.hits[atomicAdd(&sm.n_hits, 1u)] = 4 * q + j;
+            if (in && k[j] >= t_hist) atomicAdd(&sm.hist[k[j] >> 4], 1u);
+            const bool hit = in && k[j] >= t_hits;
+            const u32 mask = __ballot_sync(0xffffffffu, hit);
+            if (mask != 0) {
+                const u32 slot = warp_reserve(hit, mask, &sm.n_hits);
+                if (hit && slot < l.hit_cap) l.hits[slot] = 4 * q + j;
+            }
         }
     }
     __syncthreads();
 }
 
-// The k best of src to sink slots [0, k) when the staged path covers them;
+// Sets sm.special when a bin at or above +inf's is counted; the next barrier
+// publishes it (call right before find_bin).
+__device__ __forceinline__ void staged_flag_special(StagedSmem& sm) {
+    if (threadIdx.x < 32) {
+        const bool s = threadIdx.x < STAGED_BINS - STAGED_FIRST_SPECIAL_BIN &&
+                       sm.hist[STAGED_FIRST_SPECIAL_BIN + threadIdx.x] != 0;
+        const u32 any = __ballot_sync(0xffffffffu, s);
+        if (threadIdx.x == 0) sm.special = any;
+    }
+}
+
+__device__ __forceinline__ void staged_clear(StagedSmem& sm) {
+    for (u32 b = threadIdx.x; b < STAGED_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    if (threadIdx.x == 0) sm.n_hits = 0;
+    __syncthreads();
+}
+
+// Threshold bin b0 of the k-th key and the list of positions at or above it
+// (possibly also some below b0); false when the staged path cannot decide.
+template <bool kRaw>
+__device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos, u32 k) {
+    StagedSmem& sm = *l.sm;
+    const u32 rank = (k >> 3) + (k >> 4) + 16;  // ~1.5 k/8 + 16 of the sample
+    find_bin(sm, STAGED_BINS, rank);
+    const bool guess = sm.res_total >= rank && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
+                       sm.res_bin < STAGED_FIRST_SPECIAL_BIN;
+    const u32 t = sm.res_bin << 4;
+    __syncthreads();  // every thread has read res_* before they change
+    if (guess) {
+        staged_clear(sm);
+        staged_scan<kRaw>(l, npos, t, t);
+        staged_flag_special(sm);
+        find_bin(sm, STAGED_BINS, k);
+        if (sm.special == 0 && sm.res_total >= k && sm.n_hits <= l.hit_cap) return true;
+        __syncthreads();
+    }
+    // The sample missed: count every staged key, then list the bins >= b0.
+    staged_clear(sm);
+    staged_scan<kRaw>(l, npos, 0u, STAGED_NONE);
+    staged_flag_special(sm);
+    find_bin(sm, STAGED_BINS, k);
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
+        sm.res_above + sm.res_cnt > l.hit_cap)
+        return false;
+    staged_scan<kRaw>(l, npos, STAGED_NONE, sm.res_bin << 4);
+    return true;
+}
+
+// The k best of src to dest slots [0, k) when the staged path decides them;
 // otherwise the general path kPath over gsrc (the same candidates read from
-// global memory), which also handles k >= candidates and padding to pad_to.
-template <int U, int kPath, class Src, class GSrc, class Sink>
+// global memory), which also covers k >= candidates and padding to pad_to.
+template <int U, bool kRaw, int kPath, class Src, class GSrc>
 __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_to,
-                              const Sink& sink, const TopkParams& p, u8* dsm) {
-    const StagedLayout l = staged_layout(dsm, p);
+                              const DestSink& dest, const TopkParams& p, u8* dsm) {
+    const StagedLayout l = staged_layout<kRaw>(dsm, p);
     StagedSmem& sm = *l.sm;
     const u32 npos = src.head_pad() + 4 * src.n_groups();
     bool staged = npos <= p.stage_cap;
     if (staged) {
-        staged_load<U>(src, l);
-        if (threadIdx.x < 32) {
-            const bool s = threadIdx.x < STAGED_BINS - STAGED_FIRST_SPECIAL_BIN &&
-                           sm.hist[STAGED_FIRST_SPECIAL_BIN + threadIdx.x] != 0;
-            const u32 any = __ballot_sync(0xffffffffu, s);
-            if (threadIdx.x == 0) sm.special = any;
-        }
-        find_bin(sm, STAGED_BINS, k);  // (its barriers publish special)
-        staged = sm.special == 0 && sm.res_total >= k && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
-                 sm.res_cnt <= p.cand_cap;
+        staged_load<U, kRaw>(src, l);
+        staged = staged_threshold<kRaw>(l, npos, k);
     }
     if (!staged) {
         __syncthreads();  // every thread is done with the staged state the general path overlays
-        select_topk<kPath>(gsrc, k, pad_to, sink, *reinterpret_cast<TopkSmem*>(dsm));
+        select_general<kPath>(gsrc, k, pad_to, dest, *reinterpret_cast<TopkSmem*>(dsm));
         return;
     }
     const u32 b0 = sm.res_bin;
-    const u32 m = sm.res_cnt;
     u32 need = k - sm.res_above;
-    staged_hits(l, npos, b0);
-    // One round of reads: the keys above b0 go out, b0's keys to the buffer.
-    const u32 nhits = sm.n_hits;
-    const u32 hi = (b0 + 1) << 4;
-    for (u32 j = threadIdx.x; j < nhits; j += TOPK_THREADS) {
-        const u32 pos = l.hits[j];
-        const float v = src.value_at(pos);
-        const u32 idx = src.index_at(pos);
-        if (l.stage[pos] >= hi) {
-            sink.emit(atomicAdd(&sm.out_n, 1u), v, idx);
-        } else {
-            const u32 c = atomicAdd(&sm.n_cand, 1u);
-            l.cand_val[c] = __float_as_uint(v);
-            l.cand_idx[c] = idx;
+    // One round over the list: keys above b0 go out, b0's keys to the buffer.
+    const u32 nhits = min(sm.n_hits, l.hit_cap);
+    const u32 lo = b0 << 4, hi = (b0 + 1) << 4;
+    for (u32 base = 0; base < nhits; base += TOPK_THREADS) {
+        const u32 j = base + threadIdx.x;
+        const bool in = j < nhits;
+        u32 bits = 0, idx = 0, pre = 0;
+        if (in) {
+            const u32 pos = l.hits[j];
+            bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
+            idx = src.index_at(pos);
+            pre = staged_prefix(bits);
+        }
+        const bool above = in && pre >= hi;
+        const bool cand = in && pre >= lo && !above;
+        const u32 ma = __ballot_sync(0xffffffffu, above);
+        if (ma != 0) {
+            const u32 slot = warp_reserve(above, ma, &sm.out_n);
+            if (above) dest.emit(slot, __uint_as_float(bits), idx);
+        }
+        const u32 mc = __ballot_sync(0xffffffffu, cand);
+        if (mc != 0) {
+            const u32 c = warp_reserve(cand, mc, &sm.n_cand);
+            if (cand) {
+                l.cand_val[c] = bits;
+                l.cand_idx[c] = idx;
+            }
         }
     }
     __syncthreads();
     // Refine b0 on the 64-bit key, digits below the first (as select_topk_radix).
+    const u32 m = sm.n_cand;
     u64 prefix = b0;
-    u32 shift = kLevelShift[0];
+    u32 shift = 52;
     if (m != need) {
         for (int lvl = 1; lvl < 6; ++lvl) {
-            shift = kLevelShift[lvl];
-            const u32 width = kLevelWidth[lvl];
+            const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
+            shift -= width;
             const u32 nbins = 1u << width;
             for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
             __syncthreads();
-            const u32 above_shift = shift + width;
             for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
                 const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
-                if ((key >> above_shift) == prefix)
+                if ((key >> (shift + width)) == prefix)
                     atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
             }
             __syncthreads();
@@ -960,39 +1085,41 @@ __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_t
             if (sm.res_cnt == need) break;  // every key of this bin is in
         }
     }
-    for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
-        const u32 vb = l.cand_val[j], idx = l.cand_idx[j];
-        if ((staged_key64(vb, idx) >> shift) >= prefix)
-            sink.emit(atomicAdd(&sm.out_n, 1u), __uint_as_float(vb), idx);
+    for (u32 base = 0; base < m; base += TOPK_THREADS) {
+        const u32 j = base + threadIdx.x;
+        const bool in = j < m;
+        const u32 bits = in ? l.cand_val[j] : 0u, idx = in ? l.cand_idx[j] : 0u;
+        const bool sel = in && (staged_key64(bits, idx) >> shift) >= prefix;
+        const u32 ms = __ballot_sync(0xffffffffu, sel);
+        if (ms != 0) {
+            const u32 slot = warp_reserve(sel, ms, &sm.out_n);
+            if (sel) dest.emit(slot, __uint_as_float(bits), idx);
+        }
     }
 }
 
 // Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
-template <int U, int kPath, class Src, class GSrc>
-__device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const RowChunk& rc,
-                                               const Src& src, const GSrc& gsrc, u8* dsm) {
-    if (rc.last) {
-        OutputSink sink;
-        sink.idx = p.out_indices + (u64)r * p.topk;
-        sink.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
-        sink.pt_row = p.page_table + (u64)r * p.pt_row_stride;
-        sink.physical = p.physical != 0;
-        select_staged<U, kPath>(src, gsrc, p.topk, p.topk, sink, p, dsm);
-    } else {
-        ValueSink sink;
-        const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
-        sink.v = p.carry_values + off;
-        sink.i = p.carry_indices + off;
-        // The next chunk reads min(topk, live tokens so far) carry slots.
-        const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
-        select_staged<U, kPath>(src, gsrc, p.topk, (u32)min(through, (u64)p.topk), sink, p, dsm);
-    }
+__device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const RowChunk& rc,
+                                              u32* pad_to) {
+    DestSink d;
+    d.to_output = rc.last;
+    d.out.idx = p.out_indices + (u64)r * p.topk;
+    d.out.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
+    d.out.pt_row = p.page_table + (u64)r * p.pt_row_stride;
+    d.out.physical = p.physical != 0;
+    const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
+    d.val.v = p.carry_values + off;
+    d.val.i = p.carry_indices + off;
+    // The next chunk reads min(topk, live tokens so far) carry slots.
+    const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
+    *pad_to = rc.last ? p.topk : (u32)min(through, (u64)p.topk);
+    return d;
 }
 
 extern __shared__ __align__(16) u8 topk_dsm[];
 
 // Grid (rows): carry + this chunk's logits.
-template <int U>
+template <int U, bool kRaw>
 __device__ __forceinline__ void topk_fold(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
@@ -1006,11 +1133,13 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
     g.idx0 = p.chunk * p.chunk_len;
     g.n = rc.n_chunk;
     const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
-    select_to_dest<U, kRadix>(p, r, rc, s, g, topk_dsm);
+    u32 pad_to;
+    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits.
-template <int U>
+template <int U, bool kRaw>
 __device__ __forceinline__ void topk_slice(const TopkParams& p) {
     const u32 r = blockIdx.x, sl = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
@@ -1024,15 +1153,16 @@ __device__ __forceinline__ void topk_slice(const TopkParams& p) {
     g.idx0 = p.chunk * p.chunk_len + start;
     g.n = min(rc.n_chunk - start, p.slice_len);
     const StagedDense s{nullptr, nullptr, 0u, g.logits, g.idx0, g.n};
-    ValueSink sink;
+    DestSink d;
+    d.to_output = false;
     const u64 off = ((u64)r * p.slices + sl) * p.topk;
-    sink.v = p.part_values + off;
-    sink.i = p.part_indices + off;
-    select_staged<U, kWindowUnrolled>(s, g, p.topk, min(g.n, p.topk), sink, p, topk_dsm);
+    d.val.v = p.part_values + off;
+    d.val.i = p.part_indices + off;
+    select_staged<U, kRaw, kWindowUnrolled>(s, g, p.topk, min(g.n, p.topk), d, p, topk_dsm);
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
-template <int U>
+template <int U, bool kRaw>
 __device__ __forceinline__ void topk_merge(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
@@ -1050,19 +1180,28 @@ __device__ __forceinline__ void topk_merge(const TopkParams& p) {
     g.n_chunk = rc.n_chunk;
     const StagedMerge s{g.cv, g.ci, g.n_carry, g.pv, g.pi, g.topk_shift,
                         g.slices, g.slice_len, g.n_chunk};
-    select_to_dest<U, kWindowRolled>(p, r, rc, s, g, topk_dsm);
+    u32 pad_to;
+    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    select_staged<U, kRaw, kWindowRolled>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
 // One 1024-thread CTA per row / (row, slice); dynamic shared memory from
-// topk_shared_bytes (rust/cuda/src/indexer.rs).
+// topk_shared_bytes (rust/cuda/src/indexer.rs). The fold and the slice stage
+// raw fp32 bits (one CTA per SM on a long row); fold_prefix stages 16-bit key
+// prefixes, so two CTAs share an SM and one's reads overlap the other's work.
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
-    topk_fold<8>(p);
+    topk_fold<8, true>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2)
+    b12x_indexer_topk_fold_prefix(const TopkParams p) {
+    topk_fold<2, false>(p);
 }
 
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
-    topk_slice<4>(p);
+    topk_slice<4, true>(p);
 }
 
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
-    topk_merge<4>(p);
+    topk_merge<4, true>(p);
 }

@@ -41,6 +41,14 @@ from pathlib import Path
 PAGE = 64
 NOT_CANDIDATE = -1  # int32 view of IDX_NOT_CANDIDATE_BITS (0xffffffff)
 POISON = 3.0e38  # written past the live length: a kernel that reads it selects it
+VARIANTS = [
+    "topkx_fold_raw_u4",
+    "topkx_fold_prefix_u4_b1",
+    "topkx_slice_raw_u8",
+    "topkx_merge_raw_u8",
+    "topkx_slice_prefix_u2_b2",
+    "topkx_empty",
+]
 STAGED_SMEM = 4096 * 4 + 32 * 4 + 8 * 4  # StagedSmem
 TOPK_SMEM = 4096 * 4 + 2 * 3072 * 4 + 2 * 32 * 4 + 6 * 4  # TopkSmem (general paths)
 
@@ -118,18 +126,26 @@ class Driver:
 
 @dataclass(frozen=True)
 class Kernels:
-    """One way to run the stage: kernel names, ABI and launch sizes."""
+    """One way to run the stage: kernel names, stage kinds (raw fp32 or 16-bit
+    prefixes), ABI and the hit list capacity (0: the launcher's rule)."""
 
     name: str
     module: str  # "new" | "old"
     fold: str = "b12x_indexer_topk_fold"
     slice: str = "b12x_indexer_topk_slice"
     merge: str = "b12x_indexer_topk_merge"
-    cand_cap: int = 4096
+    fold_raw: bool = True
+    slice_raw: bool = True
+    merge_raw: bool = True
+    hit_cap: int = 0
+    empty: bool = False  # launch topkx_empty only (the launch-overhead floor)
+
+    def hits(self, topk: int) -> int:
+        return self.hit_cap or min(8192, 2 * topk + 1024)
 
 
-def staged_bytes(topk: int, cand_cap: int, stage_cap: int) -> int:
-    return max(STAGED_SMEM + 4 * (topk + 3 * cand_cap) + 2 * stage_cap, TOPK_SMEM)
+def staged_bytes(raw: bool, hit_cap: int, stage_cap: int) -> int:
+    return max(STAGED_SMEM + 12 * hit_cap + (4 if raw else 2) * stage_cap, TOPK_SMEM)
 
 
 def slice_len(supertile: int, slices: int) -> int:
@@ -211,43 +227,26 @@ class Stage:
         ]
         if self.kern.module == "old":
             return struct.pack("<13Q10I", *ptr, *u32, 0)
-        return struct.pack("<13Q12I", *ptr, *u32, stage_cap, self.kern.cand_cap, 0)
+        return struct.pack("<13Q12I", *ptr, *u32, stage_cap, self.kern.hits(self.topk), 0)
+
+    def _go(self, fn: str, raw: bool, grid, chunk: int, cap: int, stream: int) -> None:
+        old = self.kern.module == "old"
+        smem = 0 if old else staged_bytes(raw, self.kern.hits(self.topk), cap)
+        params = self._params(chunk, cap)
+        self.drv.launch(self.fns[fn], grid, (1024, 1, 1), smem, stream, params)
 
     def launch_chunk(self, chunk: int, stream: int) -> None:
         k, s, kern = self.topk, self.supertile, self.kern
-        old = kern.module == "old"
-        if self.slices == 1:
-            cap = k + s
-            smem = 0 if old else staged_bytes(k, kern.cand_cap, cap)
-            self.drv.launch(
-                self.fns[kern.fold],
-                (self.rows, 1, 1),
-                (1024, 1, 1),
-                smem,
-                stream,
-                self._params(chunk, cap),
-            )
+        if kern.empty:
+            self._go("topkx_empty", True, (self.rows, 1, 1), chunk, 0, stream)
             return
-        cap = self.slen
-        smem = 0 if old else staged_bytes(k, kern.cand_cap, cap)
-        self.drv.launch(
-            self.fns[kern.slice],
-            (self.rows, self.slices, 1),
-            (1024, 1, 1),
-            smem,
-            stream,
-            self._params(chunk, cap),
-        )
+        if self.slices == 1:
+            self._go(kern.fold, kern.fold_raw, (self.rows, 1, 1), chunk, k + s, stream)
+            return
+        grid = (self.rows, self.slices, 1)
+        self._go(kern.slice, kern.slice_raw, grid, chunk, self.slen, stream)
         cap = k + self.slices * k
-        smem = 0 if old else staged_bytes(k, kern.cand_cap, cap)
-        self.drv.launch(
-            self.fns[kern.merge],
-            (self.rows, 1, 1),
-            (1024, 1, 1),
-            smem,
-            stream,
-            self._params(chunk, cap),
-        )
+        self._go(kern.merge, kern.merge_raw, (self.rows, 1, 1), chunk, cap, stream)
 
     def run_chunks(self, logits) -> None:
         """The whole call on full-width logits [rows, >= width*64]: per chunk, the
@@ -533,7 +532,7 @@ def median(xs):
     return ys[n // 2] if n % 2 else 0.5 * (ys[n // 2 - 1] + ys[n // 2])
 
 
-def run_timings(torch, drv, fns, arms_by_case, iters, log, only=()) -> list[dict]:
+def run_timings(torch, drv, fns, arms_by_case, iters, log, only=(), profile=False) -> list[dict]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
     results = []
@@ -560,6 +559,9 @@ def run_timings(torch, drv, fns, arms_by_case, iters, log, only=()) -> list[dict
             st.set_lengths(lengths)
             st.run_chunks(logits)  # fills the scratch chunk (one chunk) and runs once
             chk = compare(torch, st, logits, lengths, max(lengths), "bench")
+            if profile:
+                log(f"  {arm:28s} profiled  check={'ok' if chk['ok'] else 'FAIL'}")
+                continue
 
             def call(st=st):
                 st.launch_chunk(0, torch.cuda.current_stream().cuda_stream)
@@ -571,12 +573,14 @@ def run_timings(torch, drv, fns, arms_by_case, iters, log, only=()) -> list[dict
                 "median_us": median(samples),
                 "samples_us": samples,
                 "slices": slices,
-                "cand_cap": kern.cand_cap,
+                "hit_cap": kern.hits(case.topk),
                 "check_ok": chk["ok"],
                 "check_bad_rows": chk["bad_rows"],
             }
             results.append(res)
             log(f"  {arm:28s} {res['median_us']:9.1f} us  check={'ok' if chk['ok'] else 'FAIL'}")
+        if profile:
+            continue
         masked = logits.clone()
         pos = torch.arange(logits.shape[1], device="cuda")
         lens = torch.tensor(lengths, device="cuda")
@@ -627,7 +631,7 @@ def run(args: argparse.Namespace) -> int:
         mod = drv.load(path.read_bytes())
         names = ["b12x_indexer_topk_fold", "b12x_indexer_topk_slice", "b12x_indexer_topk_merge"]
         if module == "new":
-            names += ["topkx_fold_u2_b2", "topkx_fold_u4_b1", "topkx_slice_u8", "topkx_merge_u8"]
+            names += ["b12x_indexer_topk_fold_prefix", *VARIANTS]
         fns[module] = {}
         for n in names:
             f = drv.function(mod, n)
@@ -636,46 +640,59 @@ def run(args: argparse.Namespace) -> int:
             fns[module][n] = f
             # NUM_REGS = 4, LOCAL_SIZE_BYTES = 3
             attrs[f"{module}:{n}"] = {"regs": drv.attr(f, 4), "local_bytes": drv.attr(f, 3)}
-    log(f"modules loaded (JIT) in {time.time() - t0:.1f} s: {json.dumps(attrs)}")
+    log(f"modules loaded in {time.time() - t0:.1f} s: {json.dumps(attrs)}")
 
     new = Kernels("new", "new")
-    new_c1k = Kernels("new_cand1k", "new", cand_cap=1024)
-    u2b2 = Kernels("new_u2b2", "new", fold="topkx_fold_u2_b2", cand_cap=1024)
-    u4b1 = Kernels("new_u4b1", "new", fold="topkx_fold_u4_b1")
-    u8sm = Kernels("new_u8", "new", slice="topkx_slice_u8", merge="topkx_merge_u8")
+    prefix = Kernels("prefix", "new", fold="b12x_indexer_topk_fold_prefix", fold_raw=False)
+    hit1k = Kernels("new_hit1k", "new", hit_cap=1024)
+    raw_u4 = Kernels("raw_u4", "new", fold="topkx_fold_raw_u4")
+    prefix_b1 = Kernels("prefix_u4_b1", "new", fold="topkx_fold_prefix_u4_b1", fold_raw=False)
+    u8 = Kernels("raw_u8", "new", slice="topkx_slice_raw_u8", merge="topkx_merge_raw_u8")
+    sl_prefix = Kernels("slice_prefix", "new", slice="topkx_slice_prefix_u2_b2", slice_raw=False)
+    empty = Kernels("empty", "new", empty=True)
     old = Kernels("old", "old")
     have_old = "old" in fns
 
     checks = []
     if not args.no_checks:
-        sets = [new, new_c1k, u2b2] if not args.small else [new]
+        sets = [new, prefix, hit1k, sl_prefix] if not args.small else [new, prefix]
         checks = run_checks(torch, drv, fns, sets, log, small=args.small)
     n_bad = sum(not c["ok"] for c in checks)
     log(f"checks: {len(checks) - n_bad} passed, {n_bad} failed")
 
     arms = {
         "decode_r64_L32768": [
+            ("empty_kernel", empty, 1),
             ("b12x_new", new, 1),
-            ("b12x_new_u4b1", u4b1, 1),
-            ("b12x_new_u2b2", u2b2, 1),
-            ("b12x_new_slices2", new, 2),
+            ("b12x_raw_u4", raw_u4, 1),
+            ("b12x_prefix_b2", prefix, 1),
+            ("b12x_prefix_u4_b1", prefix_b1, 1),
         ],
         "decode_r1_L131072": [(f"b12x_new_slices{g}", new, g) for g in (4, 8, 16, 32)]
-        + [("b12x_new_u8_slices8", u8sm, 8), ("b12x_new_u8_slices16", u8sm, 16)],
+        + [
+            ("b12x_raw_u8_slices8", u8, 8),
+            ("b12x_raw_u8_slices16", u8, 16),
+            ("b12x_slice_prefix_slices16", sl_prefix, 16),
+        ],
         "prefill_r4096_L32768": [
             ("b12x_new", new, 1),
-            ("b12x_new_u2b2", u2b2, 1),
-            ("b12x_new_u4b1", u4b1, 1),
-            ("b12x_new_cand1k", new_c1k, 1),
+            ("b12x_prefix_b2", prefix, 1),
+            ("b12x_prefix_u4_b1", prefix_b1, 1),
+            ("b12x_raw_u4", raw_u4, 1),
         ],
     }
     if have_old:
         arms["decode_r64_L32768"].append(("b12x_old", old, 1))
         arms["decode_r1_L131072"].append(("b12x_old_slices16", old, 16))
         arms["prefill_r4096_L32768"].append(("b12x_old", old, 1))
+    if args.profile:  # one eager call of each product arm, for ncu
+        keep = {"b12x_new", "b12x_prefix_b2", "b12x_new_slices16", "b12x_new_slices8"}
+        arms = {c: [a for a in v if a[0] in keep] for c, v in arms.items()}
     timings = []
     if not args.no_timing:
-        timings = run_timings(torch, drv, fns, arms, args.iters, log, only=args.cases)
+        timings = run_timings(
+            torch, drv, fns, arms, args.iters, log, only=args.cases, profile=args.profile
+        )
 
     meta = {
         "what": "top-k stage alone (tools/device/topk_bench.py)",
@@ -708,6 +725,7 @@ def main() -> int:
     r.add_argument("--iters", type=int, default=30)
     r.add_argument("--no-checks", action="store_true")
     r.add_argument("--no-timing", action="store_true")
+    r.add_argument("--profile", action="store_true", help="one eager call per product arm")
     r.add_argument("--small", action="store_true", help="a few short checks (for the sanitizers)")
     r.add_argument("--cases", nargs="*", default=[], help="timing cases (default: all)")
     args = ap.parse_args()
