@@ -13,7 +13,7 @@
 // the distance below it, direct ranking inside the k-th key's bin; it falls
 // back to the radix path when the k-th key is outside the window.
 //
-// Kernels (one 512-thread CTA per row, or per (slice, row)):
+// Kernels (one TOPK_THREADS = 1024-thread CTA per row, or per (slice, row)):
 //   fold   carry + chunk logits            -> next carry, or the outputs on the last chunk
 //   slice  one slice of the chunk logits   -> that slice's top-k (partials)
 //   merge  carry + every slice's partials  -> next carry, or the outputs
@@ -54,9 +54,9 @@ struct TopkParams {
     u32 slices;
     u32 slice_len;
     u32 physical;
+    u32 pages;      // pages of the K cache, min(shape[0], 2^31)
     u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
     u32 hit_cap;    // positions the staged path may list at or above its threshold
-    u32 pad_;
 };
 
 // ---------------------------------------------------------------- keys
@@ -232,11 +232,13 @@ struct OutputSink {  // the user's outputs, logical or physical indices
     float* scores;  // may be null
     const i32* pt_row;
     bool physical;
+    u32 pages;
     __device__ __forceinline__ void emit(u32 slot, float val, u32 t) const {
         i32 out = (i32)t;
         if (physical) {
+            // 64-bit: bind keeps pages * 64 <= 2^31, so an in-range id fits.
             const i32 pid = pt_row[t >> 6];
-            out = pid < 0 ? -1 : pid * 64 + (i32)(t & 63);
+            out = idx_page_in_range(pid, pages) ? (i32)((i64)pid * 64 + (t & 63)) : -1;
         }
         idx[slot] = out;
         if (scores != nullptr) scores[slot] = val;
@@ -1107,6 +1109,7 @@ __device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const 
     d.out.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
     d.out.pt_row = p.page_table + (u64)r * p.pt_row_stride;
     d.out.physical = p.physical != 0;
+    d.out.pages = p.pages;
     const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
     d.val.v = p.carry_values + off;
     d.val.i = p.carry_indices + off;

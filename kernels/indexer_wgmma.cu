@@ -1,7 +1,8 @@
 // Hopper (sm_90a) scorers: warpgroup MMAs (wgmma) for both routes.
 //
 // Same contract as indexer_decode.cu / indexer_prefill.cu (ScoreParams, the
-// logits chunk, the live-length rule, "not a candidate" for unmapped pages);
+// logits chunk, the live-length rule, "not a candidate" for unmapped pages,
+// page ids bounded by the cache);
 // only the arithmetic engine differs. This module is built for compute_90a
 // and loads on sm_90 only; every other device keeps the compute_89 baseline.
 //
@@ -43,6 +44,8 @@
 #define WG_PREFILL_STAGES 4
 #define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
 #define WG_PREFILL_ROWS 4
+// Resident prefill CTAs per SM (the launch bound; register-bound at 64 heads).
+#define WG_PREFILL_MIN_CTAS 2
 // Pages per software-pipelined window (the last unit of a window does not
 // overlap an MMA; longer windows waste more at the end of a CTA's range).
 // Decode takes one page per window, no overlap: its second set of registers
@@ -211,11 +214,32 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     if (page0 >= chunk_pages) return;  // CTA-uniform
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
     const i32* pt = p.page_table + (u64)row0 * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+    // Page id of chunk page i (every page a CTA issues is live for one of its
+    // rows): an id past the cache is unmapped, reported for the first row
+    // that reaches it.
+    auto page_id = [&](u32 i) -> i32 {
+        const i32 pid = pt[i];
+        if (pid < 0 || idx_page_in_range(pid, p.pages)) return pid;
+        if (tid == 0) {
+            u32 first = 0;
+            bool found = false;
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) {
+                if (!found && n_chunk[rr] > i * IDX_PAGE_ROWS) {
+                    first = rr;
+                    found = true;
+                }
+            }
+            idx_report_bad_page(p.status, row0 + first, p.chunk_start / IDX_PAGE_ROWS + i, pid,
+                                p.pages);
+        }
+        return -1;
+    };
 
     // The first pages' copies run while Q is widened.
 #pragma unroll
     for (u32 s = 0; s < L::STAGES - 1; ++s) {
-        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
+        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, page_id(page0 + s));
         cp_async_commit();
     }
     wg_stage_q<NH, ROWS>(p, smem, row0);
@@ -251,7 +275,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
-            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
+            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, page_id(ahead));
         cp_async_commit();
         // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
         // t_lo, t_lo + 8; word s widens to the fragment of k step s. An
@@ -369,7 +393,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
         wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                 \
     }                                                                               \
-    B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \
         b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
         wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                  \
     }

@@ -2,15 +2,19 @@
 
 Grid of spec §9: heads 16/32/48/64, topk 512/1024/2048, len 0, len < topk, a
 partial last page, several supertile chunks, unmapped (-1) pages, a padded
-page stride, page ids whose byte offset passes 2^31, a shared page table
-against the same table expanded, physical output, the two-stage top-k, exact
-ties and NaN, every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
+page stride, page ids whose byte offset passes 2^31, page ids past the cache
+(unmapped, reported through check()), a shared page table against the same
+table expanded, physical output, the two-stage top-k, exact ties and NaN,
+every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
 metadata. Comparisons go through ``reference.assert_topk_equivalent``
 (tie-aware: index sets match except for near-ties at the boundary).
 """
 
 from __future__ import annotations
 
+import re
+
+import b12x
 import pytest
 import torch
 from b12x import _core
@@ -72,20 +76,25 @@ def make_case(
     }
 
 
-def plan_for(inputs, topk, *, mode="decode", space="logical", supertile=0):
+def plan_for(inputs, topk, *, mode="decode", space="logical", supertile=0, flavor=None):
+    """The interned plan, or with ``flavor`` an uncached plan whose scorers use
+    that MMA flavor (the test-only plan option)."""
     rows, heads, _ = inputs["q_fp8"].shape
-    return di.plan(
-        di.Caps(
-            device=inputs["q_fp8"].device,
-            num_q_heads=heads,
-            max_q_rows=rows,
-            max_page_table_width=inputs["page_table"].shape[1],
-            topk=topk,
-            mode=mode,
-            output_index_space=space,
-            supertile_tokens=supertile,
-        )
+    caps = di.Caps(
+        device=inputs["q_fp8"].device,
+        num_q_heads=heads,
+        max_q_rows=rows,
+        max_page_table_width=inputs["page_table"].shape[1],
+        topk=topk,
+        mode=mode,
+        output_index_space=space,
+        supertile_tokens=supertile,
     )
+    if flavor is None:
+        return di.plan(caps)
+    plan = _core.indexer_build_plan(caps, mma_flavor=flavor)
+    assert plan.mma_flavor == flavor and f"mma_flavor={flavor}" in repr(plan)
+    return plan
 
 
 def bind_for(plan, inputs, *, scores=True):
@@ -216,9 +225,11 @@ def test_negative_weights_and_nan_logits():
 
 
 def device_flavors():
-    """The MMA flavors this device runs: 1 = e4m3 mma.sync (native on sm_89 /
-    sm_120, driver-emulated on sm_90), 2 = f16 mma.sync, 3 = wgmma (sm_90 only)."""
-    return (1, 2, 3) if torch.cuda.get_device_capability() == (9, 0) else (1, 2)
+    """The MMA flavors this device runs: e4m3 mma.sync (native on sm_89 / sm_120,
+    driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only)."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        return ("e4m3", "f16", "wgmma")
+    return ("e4m3", "f16")
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
@@ -232,27 +243,23 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
     expected = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
     limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
-    plan = plan_for(inputs, 512, mode=mode, supertile=1024)  # one chunk
-    try:
-        for flavor in device_flavors():
-            _core._indexer_force_mma_flavor(flavor)
-            b, _, _ = bind_for(plan, inputs)
-            di.run(b)
-            torch.cuda.synchronize()
-            got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
-            for r in range(rows):
-                live = slice(0, limits[r])
-                c = cand[r, live]
-                g, e = got[r, live], expected[r, live]
-                bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
-                assert not bool(bad.any()), (
-                    f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
-                    f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
-                )
-                skipped = g[~c].view(torch.int32)
-                assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
-    finally:
-        _core._indexer_force_mma_flavor(0)
+    for flavor in device_flavors():
+        plan = plan_for(inputs, 512, mode=mode, supertile=1024, flavor=flavor)  # one chunk
+        b, _, _ = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+        for r in range(rows):
+            live = slice(0, limits[r])
+            c = cand[r, live]
+            g, e = got[r, live], expected[r, live]
+            bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
+            assert not bool(bad.any()), (
+                f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
+                f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
+            )
+            skipped = g[~c].view(torch.int32)
+            assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
 
 
 @pytest.mark.parametrize("heads", [16, 48, 64])
@@ -263,15 +270,60 @@ def test_every_mma_flavor(heads):
     lengths[0] = 0
     decode = make_case(rows, heads, width, lengths, seed=heads + 1)
     prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
-    try:
-        for flavor in device_flavors():
-            _core._indexer_force_mma_flavor(flavor)
-            _, out, sc = run_case(decode, 512, supertile=1024)
-            check(decode, 512, out, sc)
-            _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024)
-            check(prefill, 512, out, sc)
-    finally:
-        _core._indexer_force_mma_flavor(0)
+    for flavor in device_flavors():
+        _, out, sc = run_case(decode, 512, supertile=1024, flavor=flavor)
+        check(decode, 512, out, sc)
+        _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024, flavor=flavor)
+        check(prefill, 512, out, sc)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
+    # No fault, never selected, and the first one readable through check().
+    rows, width = 5, 24
+    lengths = [width * PAGE, 900, 0, 700, 1200]
+    inputs = make_case(rows, 64, width, lengths, mode=mode, seed=37)
+    pages = inputs["index_k_cache"].shape[0]
+    table = inputs["page_table"]
+    base = table[:1] if mode == "prefill" else table
+    bad = {(0, 5): pages, (0, 11): 2**31 - 1}  # one past the end; 18 TB past the base
+    if mode == "decode":
+        bad[(1, 2)] = pages + 7
+        base[2, 0] = pages + 1  # row 2 has no live token: never read, never reported
+        base[3, 13] = 2**30  # past row 3's 700 tokens (11 columns): never read
+    for (r, c), pid in bad.items():
+        base[r, c] = pid
+    live = {
+        (r, c)
+        for r in range(rows)
+        for c in range(width)
+        if int(table[r, c]) >= pages and c * PAGE < lengths[r]
+    }
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
+    logits = ref.paged_logits(**inputs)
+    di.check("cuda")  # no earlier test left a record
+    for flavor in device_flavors():
+        for space in ("logical", "physical"):
+            plan = plan_for(inputs, 512, mode=mode, space=space, supertile=1024, flavor=flavor)
+            b, out, sc = bind_for(plan, inputs)
+            di.run(b)
+            torch.cuda.synchronize()
+            ref.assert_topk_equivalent(
+                out, sc, logits, cand, 512, page_table=table, index_space=space
+            )
+            if space == "physical":
+                assert int(out.max()) < pages * PAGE
+            with pytest.raises(b12x.PageTableError) as e:
+                b.check()
+            m = re.match(
+                r"run: page_table\[(\d+), (\d+)\] expected a page id in \[0, (\d+)\) "
+                r"\(the pages of index_k_cache\) or negative \(unmapped\), got (\d+)",
+                str(e.value),
+            )
+            assert m, str(e.value)
+            row, col, bound, pid = (int(g) for g in m.groups())
+            assert (row, col) in live and bound == pages and pid == int(table[row, col])
+            b.check()  # cleared
 
 
 def test_run_without_scores():

@@ -15,12 +15,12 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
+from b12x._core import INDEXER_PAGE_SIZE as PAGE
 from b12x.bench.common import BenchResult
 
 HBM_BYTES_PER_S = 4.3e12
 MMA_FLOP_PER_S = 1.3e15
-PAGE = 64
-PAGE_BYTES = 8448
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ CASES = {
     )
 }
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
-# Test-hook codes of b12x._core._indexer_force_mma_flavor.
-FLAVORS = {"e4m3": 1, "f16": 2, "wgmma": 3}
+# MMA flavors a plan can be forced to (the test-only option of _core.indexer_build_plan).
+FLAVORS = ("e4m3", "f16", "wgmma")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--flavor-arms",
         nargs="*",
         default=[],
-        choices=sorted(FLAVORS),
+        choices=FLAVORS,
         help="extra b12x arms with the scorers' MMA flavor forced (e.g. f16 next to wgmma)",
     )
 
@@ -169,49 +169,50 @@ def run(args: argparse.Namespace) -> BenchResult:
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
-        plan = di.plan(
-            di.Caps(
-                device=f"cuda:{dev}",
-                num_q_heads=case.heads,
-                max_q_rows=case.rows,
-                max_page_table_width=case.width,
-                topk=case.topk,
-                mode="prefill" if case.prefill else "decode",
-            )
+        caps = di.Caps(
+            device=f"cuda:{dev}",
+            num_q_heads=case.heads,
+            max_q_rows=case.rows,
+            max_page_table_width=case.width,
+            topk=case.topk,
+            mode="prefill" if case.prefill else "decode",
         )
-        scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
+        plan = di.plan(caps)
         idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
         sc = torch.empty((case.rows, case.topk), device="cuda")
-        binding = di.bind(
-            plan,
-            scratch=scratch,
-            q_fp8=q,
-            query_weights=w,
-            index_k_cache=kcache,
-            page_table=table,
-            cache_lengths=lengths,
-            active_width=aw,
-            output_indices=idx,
-            output_scores=sc,
-        )
+
+        def bind(plan, idx=idx, sc=sc, q=q, w=w, kcache=kcache, table=table, lengths=lengths,
+                 aw=aw):  # fmt: skip
+            return di.bind(
+                plan,
+                scratch=torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda"),
+                q_fp8=q,
+                query_weights=w,
+                index_k_cache=kcache,
+                page_table=table,
+                cache_lengths=lengths,
+                active_width=aw,
+                output_indices=idx,
+                output_scores=sc,
+            )
+
+        binding = bind(plan)
         hbm, mma = floors_us(case)
         extra = {
             "hbm_floor_us": hbm,
             "fp8_floor_us": mma,
             "supertile": plan.supertile_tokens,
             "slices": plan.topk_slices,
+            "mma_flavor": plan.mma_flavor,
         }
         b = result.add(
             name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
         )
         for flavor in args.flavor_arms:
-            # the forced flavor is read at launch, i.e. while the graph is captured
-            _core._indexer_force_mma_flavor(FLAVORS[flavor])
-            try:
-                samples = time_graph_us(lambda b=binding: di.run(b), args.iters, flush)
-            finally:
-                _core._indexer_force_mma_flavor(0)
-            result.add(name, f"b12x_{flavor}", samples, **extra)
+            forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))
+            samples = time_graph_us(lambda b=forced: di.run(b), args.iters, flush)
+            result.add(name, f"b12x_{flavor}", samples, **{**extra, "mma_flavor": flavor})
+            del forced
         if not args.no_torch:
             ref = {}
 
@@ -235,6 +236,6 @@ def run(args: argparse.Namespace) -> BenchResult:
                 f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
             )
             del ref
-        del q, w, kcache, table, scratch, binding
+        del q, w, kcache, table, binding
         torch.cuda.empty_cache()
     return result

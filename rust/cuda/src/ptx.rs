@@ -82,7 +82,6 @@ macro_rules! modules {
 }
 
 modules! {
-    topk_pad: Baseline => [FillTopkPadding = "b12x_fill_topk_padding"],
     allreduce: Baseline => [
         ArOneShotF16 = "b12x_allreduce_oneshot_f16",
         ArOneShotBF16 = "b12x_allreduce_oneshot_bf16",
@@ -121,6 +120,7 @@ modules! {
     ],
     indexer_topk: Baseline => [
         IndexerTopkFold = "b12x_indexer_topk_fold",
+        IndexerTopkFoldPrefix = "b12x_indexer_topk_fold_prefix",
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
     ],

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from b12x.attention.dsa_indexer import INDEX_HEAD_DIM as HEAD_DIM
+from b12x.attention.dsa_indexer import PAGED_INDEX_PAGE_SIZE as PAGE_SIZE
 from b12x.errors import ConfigError, DTypeError, LayoutError, ShapeError
 from b12x.integration.vllm import _hooks
 
@@ -44,8 +46,6 @@ __all__ = [
     "require_indexer_module",
 ]
 
-PAGE_SIZE = 64
-HEAD_DIM = 128
 _SCALE_BYTES = 4
 _ROW_BYTES = HEAD_DIM + _SCALE_BYTES  # 132: vLLM allocates [blocks, 64, 132] uint8
 PAGE_BYTES = PAGE_SIZE * _ROW_BYTES  # 8448: planar FP8 rows then fp32 scales

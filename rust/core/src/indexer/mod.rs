@@ -21,6 +21,7 @@ mod bind;
 mod bucket;
 mod cache;
 mod caps;
+mod fault;
 mod layout;
 mod plan;
 
@@ -28,8 +29,9 @@ pub use bind::{bind, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
 pub use caps::{Caps, CapsRequest, IndexSpace, Mode};
+pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
-pub use plan::{Plan, Route};
+pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};
 
 /// Compressed K rows per page of the index cache.
 pub const PAGE_SIZE: u32 = 64;

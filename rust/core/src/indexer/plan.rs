@@ -31,10 +31,79 @@ impl Route {
     }
 }
 
+/// Which MMA the scorers use (kernels/indexer_{decode,prefill,wgmma}.cu).
+/// Every flavor gives the same logits: FP8 products are exact in f32, every
+/// e4m3 value is an f16 value, and each accumulates in fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MmaFlavor {
+    /// `mma.sync m16n8k32 .e4m3` on the raw bytes (native on sm_89 and sm_120).
+    E4m3,
+    /// FP8 widened to f16 once, `mma.sync m16n8k16 .f16` (sm_90 has no native
+    /// e4m3 `mma.sync`: it would unpack both operands per MMA).
+    F16,
+    /// Hopper's warpgroup MMA on FP8 widened to f16 (`wgmma m64nNk16 .f16`,
+    /// sm_90a only): exact products, fp32 accumulation.
+    Wgmma,
+}
+
+impl MmaFlavor {
+    pub const ALL: [MmaFlavor; 3] = [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            MmaFlavor::E4m3 => "e4m3",
+            MmaFlavor::F16 => "f16",
+            MmaFlavor::Wgmma => "wgmma",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<MmaFlavor> {
+        MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
+            op: "plan",
+            operand: "mma_flavor".into(),
+            expected: "one of {e4m3, f16, wgmma}".into(),
+            got: format!("{s:?}"),
+        })
+    }
+
+    /// The flavor a plan picks for a device of compute capability `cc`: the
+    /// fastest measured there (rust/cuda's module table says where each runs).
+    pub fn for_device(cc: (u32, u32)) -> MmaFlavor {
+        match cc {
+            (8, 9) | (12, _) => MmaFlavor::E4m3,
+            (9, 0) => MmaFlavor::Wgmma,
+            _ => MmaFlavor::F16,
+        }
+    }
+}
+
+/// What a plan depends on beyond its caps: static facts of its device, read
+/// by the caller (this crate does not talk to the driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceFacts {
+    pub multiprocessors: u32,
+    /// (0, 0) on the CPU.
+    pub compute_capability: (u32, u32),
+}
+
+impl DeviceFacts {
+    pub const CPU: DeviceFacts = DeviceFacts { multiprocessors: 1, compute_capability: (0, 0) };
+}
+
+/// Choices a plan normally makes itself, forced (tests and benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanOptions {
+    /// Run this MMA flavor instead of the device's (it must run there: the
+    /// caller checks that against the loaded kernels).
+    pub mma_flavor: Option<MmaFlavor>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     caps: Caps,
     route: Route,
+    /// None on the CPU, where the reference runs.
+    mma_flavor: Option<MmaFlavor>,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -44,10 +113,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Builds the plan for `caps` rounded up to its buckets.
-    /// `multiprocessors` is the device's SM count (1 on CPU); the caller
-    /// reads it, because this crate does not talk to the driver.
-    pub fn new(caps: &Caps, multiprocessors: u32) -> Result<Plan> {
+    /// Builds the plan for `caps` rounded up to its buckets, on a device
+    /// with the given facts ([`DeviceFacts::CPU`] for a CPU plan).
+    pub fn new(caps: &Caps, device: &DeviceFacts) -> Result<Plan> {
+        Plan::with_options(caps, device, &PlanOptions::default())
+    }
+
+    /// [`Plan::new`] with forced choices (tests and benchmarks).
+    pub fn with_options(caps: &Caps, device: &DeviceFacts, options: &PlanOptions) -> Result<Plan> {
+        let multiprocessors = device.multiprocessors;
         if multiprocessors == 0 {
             return Err(Error::InvalidValue {
                 op: "plan",
@@ -91,6 +165,20 @@ impl Plan {
             }
             Mode::Prefill => 1,
         };
+        let mma_flavor = match (caps.device.is_cuda(), options.mma_flavor) {
+            (true, forced) => {
+                Some(forced.unwrap_or(MmaFlavor::for_device(device.compute_capability)))
+            }
+            (false, None) => None,
+            (false, Some(f)) => {
+                return Err(Error::InvalidValue {
+                    op: "plan",
+                    operand: "mma_flavor".into(),
+                    expected: "None on a CPU plan (the reference runs there)".into(),
+                    got: format!("{:?}", f.name()),
+                })
+            }
+        };
         let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
         let layout = ScratchLayout::new(&LayoutInput {
             rows: caps.max_q_rows as u64,
@@ -105,6 +193,7 @@ impl Plan {
         Ok(Plan {
             caps,
             route,
+            mma_flavor,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -125,6 +214,11 @@ impl Plan {
     #[inline]
     pub fn route(&self) -> Route {
         self.route
+    }
+    /// The scorers' MMA flavor; None on the CPU (the reference runs there).
+    #[inline]
+    pub fn mma_flavor(&self) -> Option<MmaFlavor> {
+        self.mma_flavor
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -173,7 +267,8 @@ impl fmt::Display for Plan {
         write!(
             f,
             "route={}, device={}, num_q_heads={}, max_q_rows={}, max_page_table_width={}, \
-             topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}",
+             topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}, \
+             mma_flavor={}",
             self.route.name(),
             self.caps.device,
             self.caps.num_q_heads,
@@ -183,7 +278,8 @@ impl fmt::Display for Plan {
             self.caps.index_space.name(),
             self.supertile,
             self.max_chunks,
-            self.nbytes()
+            self.nbytes(),
+            self.mma_flavor.map_or("reference", MmaFlavor::name)
         )
     }
 }
@@ -194,6 +290,10 @@ mod tests {
     use super::super::layout::RegionId;
     use super::*;
     use crate::tensor::Device;
+
+    fn sms(multiprocessors: u32) -> DeviceFacts {
+        DeviceFacts { multiprocessors, compute_capability: (9, 0) }
+    }
 
     fn caps(heads: i64, rows: i64, width: i64, topk: i64, supertile: i64, mode: Mode) -> Caps {
         Caps::new(&CapsRequest {
@@ -213,7 +313,7 @@ mod tests {
     #[test]
     fn spec_pinned_small_supertile_example() {
         // reference §4.4: H=64, R=2, W=16, K=512, explicit S=512 -> 2 chunks
-        let p = Plan::new(&caps(64, 2, 16, 512, 512, Mode::Decode), 188).unwrap();
+        let p = Plan::new(&caps(64, 2, 16, 512, 512, Mode::Decode), &sms(188)).unwrap();
         assert_eq!(p.route(), Route::PagedDecode);
         assert_eq!(p.supertile(), 512);
         assert_eq!(p.max_chunks(), 2);
@@ -223,7 +323,7 @@ mod tests {
     #[test]
     fn carry_keeps_two_halves_whatever_the_chunk_count() {
         // reference §4.4: R=16, W=1056, S=8192; 1056 pages bucket to 1280 -> 10 chunks
-        let p = Plan::new(&caps(64, 16, 1056, 512, 8192, Mode::Decode), 188).unwrap();
+        let p = Plan::new(&caps(64, 16, 1056, 512, 8192, Mode::Decode), &sms(188)).unwrap();
         assert_eq!(p.width_capacity(), 1280);
         assert_eq!(p.max_chunks(), 10);
         assert_eq!(p.layout().region(RegionId::CarryValues).shape.as_slice(), &[2, 16, 512]);
@@ -232,7 +332,7 @@ mod tests {
 
     #[test]
     fn default_supertile_follows_the_width_then_caps_at_32768() {
-        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Prefill), 1).unwrap();
+        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Prefill), &sms(1)).unwrap();
         assert_eq!((s(1).supertile(), s(1).max_chunks()), (512, 1));
         assert_eq!((s(9).supertile(), s(9).max_chunks()), (1024, 1)); // 10 pages = 640 rows
         assert_eq!((s(512).supertile(), s(512).max_chunks()), (32768, 1));
@@ -242,7 +342,7 @@ mod tests {
 
     #[test]
     fn decode_supertile_takes_the_width_within_the_logits_budget() {
-        let s = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), 132).unwrap();
+        let s = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), &sms(132)).unwrap();
         // 1 row x 2048 pages: one chunk of 131072, 16 slices of 8192
         assert_eq!((s(1, 2048).supertile(), s(1, 2048).max_chunks()), (131072, 1));
         assert_eq!(s(1, 2048).topk_slices(), 16);
@@ -258,7 +358,7 @@ mod tests {
 
     #[test]
     fn heads_pad_to_sixteen_and_mode_picks_the_route() {
-        let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), 1).unwrap();
+        let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), &sms(1)).unwrap();
         assert_eq!(p.heads_padded(), 32);
         assert_eq!(p.route(), Route::SharedPrefill);
         assert_eq!(p.route().name(), "shared_prefill");
@@ -266,7 +366,7 @@ mod tests {
 
     #[test]
     fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
-        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), 1).unwrap().nbytes();
+        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), &sms(1)).unwrap().nbytes();
         assert!(n(2, 1024) > n(1, 1024));
         assert_eq!(n(1, 512), n(1, 4096));
         assert!(n(1, 64) < n(1, 512));
@@ -276,6 +376,32 @@ mod tests {
 
     #[test]
     fn zero_multiprocessors_is_rejected() {
-        assert!(Plan::new(&caps(64, 1, 1, 512, 0, Mode::Decode), 0).is_err());
+        assert!(Plan::new(&caps(64, 1, 1, 512, 0, Mode::Decode), &sms(0)).is_err());
+    }
+
+    #[test]
+    fn the_plan_resolves_the_mma_flavor() {
+        let c = caps(64, 1, 8, 512, 0, Mode::Decode);
+        let on = |cc| DeviceFacts { multiprocessors: 132, compute_capability: cc };
+        let flavor = |cc| Plan::new(&c, &on(cc)).unwrap().mma_flavor();
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::Wgmma));
+        assert_eq!(flavor((8, 9)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3) };
+        let p = Plan::with_options(&c, &on((9, 0)), &forced).unwrap();
+        assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
+        assert!(p.to_string().ends_with("mma_flavor=e4m3"));
+        let cpu = Caps { device: Device::Cpu, ..c };
+        let p = Plan::new(&cpu, &DeviceFacts::CPU).unwrap();
+        assert_eq!(p.mma_flavor(), None);
+        assert!(p.to_string().ends_with("mma_flavor=reference"));
+        let err = Plan::with_options(&cpu, &DeviceFacts::CPU, &forced).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
+        );
+        assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
+        assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }
