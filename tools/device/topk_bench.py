@@ -227,7 +227,8 @@ class Stage:
         ]
         if self.kern.module == "old":
             return struct.pack("<13Q10I", *ptr, *u32, 0)
-        return struct.pack("<13Q12I", *ptr, *u32, stage_cap, self.kern.hits(self.topk), 0)
+        pages = 1 << 31  # the K cache's page count as the launcher caps it
+        return struct.pack("<13Q12I", *ptr, *u32, pages, stage_cap, self.kern.hits(self.topk))
 
     def _go(self, fn: str, raw: bool, grid, chunk: int, cap: int, stream: int) -> None:
         old = self.kern.module == "old"
