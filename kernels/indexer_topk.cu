@@ -695,7 +695,6 @@ __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1
 #define STAGED_HIT_MAX 8192u
 #define STAGED_FIRST_NUMBER_BIN 8u       // bins below: negative NaNs, non-candidates
 #define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
-#define STAGED_NONE 0x10000u             // a 16-bit threshold no key prefix reaches
 
 // Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
 // share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
@@ -782,10 +781,14 @@ struct DestSink {
     }
 };
 
-// The general paths, out of the staged path's code.
+extern __shared__ __align__(16) u8 topk_dsm[];
+
+// The general paths, out of the staged path's code. Their TopkSmem overlays the
+// dynamic shared memory; it is named here, not passed, so the compiler keeps
+// shared-memory instructions (a pointer argument would make them generic).
 template <int kPath, class GSrc>
-__device__ __noinline__ void select_general(const GSrc& g, u32 k, u32 pad_to, const DestSink& d,
-                                            TopkSmem& sm) {
+__device__ __noinline__ void select_general(const GSrc& g, u32 k, u32 pad_to, const DestSink& d) {
+    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
     if (d.to_output)
         select_topk<kPath>(g, k, pad_to, d.out, sm);
     else
@@ -905,9 +908,12 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
             if (g >= ng) continue;
             u32 b[4] = {__float_as_uint(v[u].x), __float_as_uint(v[u].y),
                         __float_as_uint(v[u].z), __float_as_uint(v[u].w)};
+            if (!src.valid(4 * g + 3)) {  // a group's live slots are a prefix of it
 #pragma unroll
-            for (int j = 0; j < 4; ++j)
-                if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
+                for (int j = 0; j < 3; ++j)
+                    if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
+                b[3] = IDX_NOT_CANDIDATE_BITS;
+            }
             if (kRaw) {
                 reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
             } else {
@@ -924,43 +930,93 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
     __syncthreads();
 }
 
-// One scan of the stage: counts the key prefixes >= t_hist in the histogram and
-// lists the positions of those >= t_hits (STAGED_NONE: neither). The list
-// stops at hit_cap; n_hits keeps counting.
+// Lists the staged positions whose key is in bin `bin` or above (raw stage: a
+// float compare against the bin's lowest value, so NaNs never list; prefix
+// stage: the 16-bit prefix). The list stops at hit_cap; n_hits keeps counting.
 template <bool kRaw>
-__device__ __noinline__ void staged_scan(const StagedLayout& l, u32 npos, u32 t_hist,
-                                         u32 t_hits) {
+__device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32 bin) {
     StagedSmem& sm = *l.sm;
+    const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
+    const u32 kt = bin << 20;  // bin >= STAGED_FIRST_NUMBER_BIN: a number's key
+    const float tf = __uint_as_float(kt >= 0x80000000u ? kt ^ 0x80000000u : 0u - kt);
+    const u32 pt = bin << 4;
     const u32 nq = npos / 4;
     for (u32 base = 0; base < nq; base += TOPK_THREADS) {
         const u32 q = base + threadIdx.x;
-        const bool in = q < nq;
-        u32 k[4] = {0, 0, 0, 0};
-        if (in) {
-            if (kRaw) {
-                const uint4 w = reinterpret_cast<const uint4*>(l.stage)[q];
-                k[0] = staged_prefix(w.x);
-                k[1] = staged_prefix(w.y);
-                k[2] = staged_prefix(w.z);
-                k[3] = staged_prefix(w.w);
-            } else {
-                const uint2 w = reinterpret_cast<const uint2*>(l.stage)[q];
-                k[0] = w.x & 0xffffu;
-                k[1] = w.x >> 16;
-                k[2] = w.y & 0xffffu;
-                k[3] = w.y >> 16;
-            }
+        u32 m0, m1, m2, m3;
+        if (kRaw) {
+            const float nan = __uint_as_float(0x7fffffffu);  // lists nothing
+            float4 w = make_float4(nan, nan, nan, nan);
+            if (q < nq) w = reinterpret_cast<const float4*>(l.stage)[q];
+            m0 = __ballot_sync(0xffffffffu, w.x >= tf);
+            m1 = __ballot_sync(0xffffffffu, w.y >= tf);
+            m2 = __ballot_sync(0xffffffffu, w.z >= tf);
+            m3 = __ballot_sync(0xffffffffu, w.w >= tf);
+        } else {
+            uint2 w = make_uint2(0u, 0u);  // prefix 0 is below every number's
+            if (q < nq) w = reinterpret_cast<const uint2*>(l.stage)[q];
+            m0 = __ballot_sync(0xffffffffu, (w.x & 0xffffu) >= pt);
+            m1 = __ballot_sync(0xffffffffu, (w.x >> 16) >= pt);
+            m2 = __ballot_sync(0xffffffffu, (w.y & 0xffffu) >= pt);
+            m3 = __ballot_sync(0xffffffffu, (w.y >> 16) >= pt);
+        }
+        if ((m0 | m1 | m2 | m3) == 0) continue;  // (warp-uniform)
+        const u32 c0 = (u32)__popc(m0), c1 = (u32)__popc(m1), c2 = (u32)__popc(m2);
+        u32 slot = 0;
+        if (lane == 0) slot = atomicAdd(&sm.n_hits, c0 + c1 + c2 + (u32)__popc(m3));
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+        const u32 pos = 4 * q;
+        u32 at = slot + (u32)__popc(m0 & lt);
+        if (((m0 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos;
+        slot += c0;
+        at = slot + (u32)__popc(m1 & lt);
+        if (((m1 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 1;
+        slot += c1;
+        at = slot + (u32)__popc(m2 & lt);
+        if (((m2 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 2;
+        slot += c2;
+        at = slot + (u32)__popc(m3 & lt);
+        if (((m3 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 3;
+    }
+    __syncthreads();
+}
+
+// Counts the listed positions' bins (the list must be complete).
+template <bool kRaw>
+__device__ __forceinline__ void staged_count_hits(const StagedLayout& l) {
+    StagedSmem& sm = *l.sm;
+    const u32 n = sm.n_hits;
+    for (u32 j = threadIdx.x; j < n; j += TOPK_THREADS) {
+        const u32 pos = l.hits[j];
+        const u32 bin = kRaw ? staged_key(static_cast<const u32*>(l.stage)[pos]) >> 20
+                             : (u32) static_cast<const u16*>(l.stage)[pos] >> 4;
+        atomicAdd(&sm.hist[bin], 1u);
+    }
+    __syncthreads();
+}
+
+// Counts every staged key's bin (padding lands in bin 0).
+template <bool kRaw>
+__device__ __forceinline__ void staged_count_all(const StagedLayout& l, u32 npos) {
+    StagedSmem& sm = *l.sm;
+    const u32 nq = npos / 4;
+    for (u32 q = threadIdx.x; q < nq; q += TOPK_THREADS) {
+        u32 k[4];
+        if (kRaw) {
+            const uint4 w = reinterpret_cast<const uint4*>(l.stage)[q];
+            k[0] = staged_prefix(w.x);
+            k[1] = staged_prefix(w.y);
+            k[2] = staged_prefix(w.z);
+            k[3] = staged_prefix(w.w);
+        } else {
+            const uint2 w = reinterpret_cast<const uint2*>(l.stage)[q];
+            k[0] = w.x & 0xffffu;
+            k[1] = w.x >> 16;
+            k[2] = w.y & 0xffffu;
+            k[3] = w.y >> 16;
         }
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            if (in && k[j] >= t_hist) atomicAdd(&sm.hist[k[j] >> 4], 1u);
-            const bool hit = in && k[j] >= t_hits;
-            const u32 mask = __ballot_sync(0xffffffffu, hit);
-            if (mask != 0) {
-                const u32 slot = warp_reserve(hit, mask, &sm.n_hits);
-                if (hit && slot < l.hit_cap) l.hits[slot] = 4 * q + j;
-            }
-        }
+        for (int j = 0; j < 4; ++j) atomicAdd(&sm.hist[k[j] >> 4], 1u);
     }
     __syncthreads();
 }
@@ -982,8 +1038,9 @@ __device__ __forceinline__ void staged_clear(StagedSmem& sm) {
     __syncthreads();
 }
 
-// Threshold bin b0 of the k-th key and the list of positions at or above it
-// (possibly also some below b0); false when the staged path cannot decide.
+// Threshold bin b0 of the k-th key (sm.res_*) and the list of positions at or
+// above it (possibly also some below b0); false when the staged path cannot
+// decide.
 template <bool kRaw>
 __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos, u32 k) {
     StagedSmem& sm = *l.sm;
@@ -991,25 +1048,27 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     find_bin(sm, STAGED_BINS, rank);
     const bool guess = sm.res_total >= rank && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
                        sm.res_bin < STAGED_FIRST_SPECIAL_BIN;
-    const u32 t = sm.res_bin << 4;
+    const u32 bs = sm.res_bin;
     __syncthreads();  // every thread has read res_* before they change
     if (guess) {
         staged_clear(sm);
-        staged_scan<kRaw>(l, npos, t, t);
+        staged_list<kRaw>(l, npos, bs);
+        const bool complete = sm.n_hits <= l.hit_cap;
+        if (complete) staged_count_hits<kRaw>(l);
         staged_flag_special(sm);
         find_bin(sm, STAGED_BINS, k);
-        if (sm.special == 0 && sm.res_total >= k && sm.n_hits <= l.hit_cap) return true;
+        if (complete && sm.special == 0 && sm.res_total >= k) return true;
         __syncthreads();
     }
     // The sample missed: count every staged key, then list the bins >= b0.
     staged_clear(sm);
-    staged_scan<kRaw>(l, npos, 0u, STAGED_NONE);
+    staged_count_all<kRaw>(l, npos);
     staged_flag_special(sm);
     find_bin(sm, STAGED_BINS, k);
     if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
         sm.res_above + sm.res_cnt > l.hit_cap)
         return false;
-    staged_scan<kRaw>(l, npos, STAGED_NONE, sm.res_bin << 4);
+    staged_list<kRaw>(l, npos, sm.res_bin);
     return true;
 }
 
@@ -1029,7 +1088,7 @@ __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_t
     }
     if (!staged) {
         __syncthreads();  // every thread is done with the staged state the general path overlays
-        select_general<kPath>(gsrc, k, pad_to, dest, *reinterpret_cast<TopkSmem*>(dsm));
+        select_general<kPath>(gsrc, k, pad_to, dest);
         return;
     }
     const u32 b0 = sm.res_bin;
@@ -1118,8 +1177,6 @@ __device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const 
     *pad_to = rc.last ? p.topk : (u32)min(through, (u64)p.topk);
     return d;
 }
-
-extern __shared__ __align__(16) u8 topk_dsm[];
 
 // Grid (rows): carry + this chunk's logits.
 template <int U, bool kRaw>
