@@ -13,10 +13,17 @@
 // the distance below it, direct ranking inside the k-th key's bin; it falls
 // back to the radix path when the k-th key is outside the window.
 //
-// Kernels (one TOPK_THREADS = 1024-thread CTA per row, or per (slice, row)):
-//   fold   carry + chunk logits            -> next carry, or the outputs on the last chunk
-//   slice  one slice of the chunk logits   -> that slice's top-k (partials)
-//   merge  carry + every slice's partials  -> next carry, or the outputs
+// These are the general paths. In front of them every kernel runs the staged
+// path (section "staged path" below: one read, a sampled threshold, shared
+// memory only) when its launch gives it a stage; they take over what it cannot
+// decide exactly.
+//
+// Kernels (one TOPK_THREADS = 1024-thread CTA per row, or per (slice, row);
+// dynamic shared memory sized by topk_shared_bytes in rust/cuda/src/indexer.rs):
+//   fold         carry + chunk logits           -> next carry, or the outputs on the last chunk
+//   fold_prefix  the same, 16-bit prefix stage  (two CTAs per SM)
+//   slice        one slice of the chunk logits  -> that slice's top-k (partials)
+//   merge        carry + every slice's partials -> next carry, or the outputs
 // Logits of tokens on unmapped pages hold IDX_NOT_CANDIDATE_BITS and are
 // skipped; a row with n <= topk candidates emits them all (in any order) and
 // pads -1 / -inf. Carry and partial lists have a static length (from the

@@ -6,6 +6,7 @@
 # Each step stops at its own timeout, and a step is skipped once the round has
 # run past BUDGET seconds; logs and JSON go to $OUT.
 #   STEPS="pytest checks timing bench memcheck racecheck ncu" (default: all but ncu)
+# Next round (diagnosis of the staged path): STEPS="checks timing ncu" bash .device/topk/topk.sh
 set -u
 export PYTHONUNBUFFERED=1
 D=.device/topk
@@ -58,10 +59,12 @@ fi
 if has ncu; then
   echo "== ncu (one eager call of each product arm) @${SECONDS}s"
   timeout ${NCU_TIMEOUT:-45} ncu --clock-control none --kernel-name regex:b12x_indexer_topk \
-    --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section SourceCounters --section LaunchStats \
     python3 $D/topk_bench.py run $D --out $OUT --json topk-profile.json --no-checks --profile \
     > $OUT/ncu.txt 2>&1
   echo "ncu rc=$?"
-  grep -E "b12x_indexer_topk|Duration|Warp Cycles Per Issued" $OUT/ncu.txt | head -30
+  grep -E "b12x_indexer_topk|Duration|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall" \
+    $OUT/ncu.txt | cut -c1-160 | head -60
 fi
 echo "== done @${SECONDS}s"

@@ -143,6 +143,12 @@ pub struct TopkStage {
     pub shared_bytes: u32,
 }
 
+impl TopkStage {
+    /// No stage: the general paths only, in their own shared memory.
+    pub const GENERAL: TopkStage =
+        TopkStage { stage_cap: 0, hit_cap: 0, shared_bytes: TOPK_GENERAL_SMEM };
+}
+
 /// The stage for `candidates` positions: the hit list at 2 topk + 1024
 /// (about twice what the sampled threshold lists), shrunk down to topk + 512
 /// to fit `opt_in` bytes, else no stage.
@@ -152,7 +158,7 @@ pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkSta
     let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM + per * candidates) / 12) & !3;
     let hit_cap = want.min(room);
     if hit_cap < topk + 512 {
-        return TopkStage { stage_cap: 0, hit_cap: 0, shared_bytes: TOPK_GENERAL_SMEM };
+        return TopkStage::GENERAL;
     }
     let shared_bytes = topk_shared_bytes(raw, hit_cap, candidates);
     TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
@@ -383,10 +389,11 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
     let pages = kernel_pages(a.pages);
     let (sms, opt_in) = (plan.multiprocessors(), loaded(a.device)?.shared_opt_in);
     let slen = slice_len(s, slices);
-    // Candidates per CTA: carry + chunk (fold), a slice, or carry + partials (merge).
+    // Candidates per fold CTA: the carry + the chunk.
     let (fold_kernel, fold) = topk_fold_kernel(a.rows, a.topk, a.topk + s, sms, opt_in);
-    let slice = topk_stage(true, a.topk, slen, opt_in);
-    let merge = topk_stage(true, a.topk, a.topk * (slices + 1), opt_in);
+    // The two-stage top-k keeps the general paths: its staged form measured
+    // slower on one H200 (decode 1 x 131072: 30.2 vs 28.3 us, bench-results/h200/topk-notes.md).
+    let (slice, merge) = (TopkStage::GENERAL, TopkStage::GENERAL);
     let partial = |id| if slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
@@ -544,7 +551,7 @@ mod tests {
     fn topk_stages_fit_the_device_and_fall_back_to_the_general_paths() {
         const H200: u32 = 232448; // 227 KiB opt-in
         const SM120: u32 = 101376; // 99 KiB opt-in
-        // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
+                                   // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkFold);
         assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
@@ -560,7 +567,8 @@ mod tests {
         assert!(st.shared_bytes <= SM120);
         // nothing fits: the general paths only, in their own shared memory
         let none = topk_stage(true, 2048, 131072 + 2048, SM120);
-        assert_eq!(none, TopkStage { stage_cap: 0, hit_cap: 0, shared_bytes: 41240 });
+        assert_eq!(none, TopkStage::GENERAL);
+        assert_eq!(TopkStage::GENERAL.shared_bytes, 41240);
         // hit lists are multiples of 4 and never above the kernels' maximum
         for topk in SUPPORTED_TOPK {
             for cand in [1024, 8192, 33280, 67584] {
