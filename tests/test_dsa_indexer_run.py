@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import b12x
 import pytest
 import torch
 from b12x import _core
@@ -232,6 +233,10 @@ def test_cpu_page_ids_past_the_cache_are_unmapped_and_checked():
     di.run(b)
     with pytest.raises(ValueError, match=r"page_table\[1, 3\] .* got 2147483647"):
         di.check("cpu")
+    with pytest.raises(b12x.DeviceError, match="check: device expected 'cpu', 'cuda'"):
+        di.check("gpu:0")
+    with pytest.raises(b12x.DeviceError, match="expected a cpu or cuda device, got meta"):
+        di.check("meta")
 
 
 def test_is_supported_needs_a_gpu():

@@ -12,6 +12,14 @@ def _line(key: str, value: object) -> None:
     print(f"  {key:<22} {value}")
 
 
+def _indexer_flavors(ordinal: int) -> dict[str, str]:
+    """The indexer scorers' MMA flavor per precision, as the plans resolve it."""
+    from b12x.attention import dsa_indexer as di
+
+    caps = dict(device=ordinal, num_q_heads=64, max_q_rows=1, max_page_table_width=1, topk=512)
+    return {p: di.plan(di.Caps(**caps, precision=p)).mma_flavor for p in ("exact", "fast")}
+
+
 def report() -> dict:
     """Everything doctor prints, as a dict (also used by benchmark metadata)."""
     info: dict = {"b12x": _core.__version__, "python": platform.python_version()}
@@ -44,6 +52,7 @@ def report() -> dict:
         try:
             _core.load_kernels(i)
             gpu["ptx_load"] = "ok"
+            gpu["indexer_mma"] = _indexer_flavors(i)
         except Exception as e:
             gpu["ptx_load"] = f"FAILED: {e}"
         info["gpus"].append(gpu)
@@ -90,6 +99,9 @@ def run_doctor() -> int:
             f"{gpu['total_memory'] / 2**30:.0f} GiB  L2 {gpu['l2_bytes'] >> 20} MiB  "
             f"PTX load: {gpu['ptx_load']}"
         )
+        if "indexer_mma" in gpu:
+            flavors = ", ".join(f"{p} {f}" for p, f in gpu["indexer_mma"].items())
+            print(f"      indexer MMA: {flavors}")
     peers = info.get("peer_access") or []
     if len(peers) > 1:
         print("  peer access (row can map column):")

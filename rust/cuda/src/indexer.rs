@@ -43,15 +43,16 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
-/// as f16, the ring's scales, the weights (by lane, padded by 4 pairs per
-/// lane), and the ring's page ids, plus 1 KiB
+/// (as f16, or as FP8 for the fast flavor), the ring's scales, the weights
+/// (by lane, padded by 4 pairs per lane), and the ring's page ids, plus 1 KiB
 /// to align the base (mirrors `WgSmem` in kernels/indexer_wgmma.cu; the
 /// kernel traps if given less).
-pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
+pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32, fp8: bool) -> u32 {
     let n = heads_padded * rows;
     let stages = if rows == 1 { WGMMA_DECODE_STAGES } else { WGMMA_PREFILL_STAGES };
+    let q_bytes = if fp8 { 1 } else { 2 };
     stages * PAGE_SIZE * HEAD_DIM
-        + n * HEAD_DIM * 2
+        + n * HEAD_DIM * q_bytes
         + stages * PAGE_SIZE * 4
         + (n + 16) * 4
         + stages * 4
@@ -240,7 +241,7 @@ pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
 }
 
 /// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
-const SCORERS: [[[Kernel; 4]; 3]; 2] = {
+const SCORERS: [[[Kernel; 4]; 4]; 2] = {
     use Kernel::*;
     [
         [
@@ -256,6 +257,12 @@ const SCORERS: [[[Kernel; 4]; 3]; 2] = {
                 IndexerWgmmaDecodeH32,
                 IndexerWgmmaDecodeH48,
                 IndexerWgmmaDecodeH64,
+            ],
+            [
+                IndexerWgmmaFp8DecodeH16,
+                IndexerWgmmaFp8DecodeH32,
+                IndexerWgmmaFp8DecodeH48,
+                IndexerWgmmaFp8DecodeH64,
             ],
         ],
         [
@@ -276,6 +283,12 @@ const SCORERS: [[[Kernel; 4]; 3]; 2] = {
                 IndexerWgmmaPrefillH32,
                 IndexerWgmmaPrefillH48,
                 IndexerWgmmaPrefillH64,
+            ],
+            [
+                IndexerWgmmaFp8PrefillH16,
+                IndexerWgmmaFp8PrefillH32,
+                IndexerWgmmaFp8PrefillH48,
+                IndexerWgmmaFp8PrefillH64,
             ],
         ],
     ]
@@ -312,16 +325,17 @@ fn scorer_config(
 ) -> (u32, LaunchConfig) {
     let chunk_pages = supertile / PAGE_SIZE;
     let heads_padded = heads.div_ceil(16) * 16;
+    let fp8 = flavor == MmaFlavor::WgmmaFp8;
     match (route, flavor) {
-        (Route::PagedDecode, MmaFlavor::Wgmma) => {
+        (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
             let ppc = decode_pages_per_cta(rows, supertile, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, 1);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
             let grid = (rows, chunk_pages.div_ceil(ppc), 1);
             (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
         }
-        (Route::SharedPrefill, MmaFlavor::Wgmma) => {
+        (Route::SharedPrefill, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
             let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS, fp8);
             let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
             (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
         }
@@ -446,9 +460,11 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
             pad: 0,
         };
         let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-        // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
-        // validity is the caller's contract.
-        unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        if !plan.topk_only() {
+            // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
+            // validity is the caller's contract.
+            unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        }
         tp.chunk = c;
         let steps: &[(Kernel, (u32, u32, u32), TopkStage)] = if slices == 1 {
             &[(fold_kernel, (a.rows, 1, 1), fold)]
@@ -473,7 +489,7 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use b12x_core::indexer::{HEAD_TILE, SCALE_OFFSET};
+    use b12x_core::indexer::{Precision, HEAD_TILE, SCALE_OFFSET};
 
     /// `#define NAME value` of the kernel sources, where the value is a
     /// literal, another define, or a product of those (in parentheses).
@@ -610,8 +626,11 @@ mod tests {
     #[test]
     fn wgmma_shapes() {
         // 64 heads: 4 x 8 KiB ring + f16 Q + 1 KiB scales + weights + ids + 1 KiB alignment.
-        assert_eq!(wgmma_shared_bytes(64, 1), 32768 + 16384 + 1024 + 320 + 16 + 1024);
-        assert_eq!(wgmma_shared_bytes(64, 4), 32768 + 65536 + 1024 + 1088 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 1, false), 32768 + 16384 + 1024 + 320 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4, false), 32768 + 65536 + 1024 + 1088 + 16 + 1024);
+        // the fast flavor keeps Q as FP8: half the Q bytes
+        assert_eq!(wgmma_shared_bytes(64, 1, true), 32768 + 8192 + 1024 + 320 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4, true), 32768 + 32768 + 1024 + 1088 + 16 + 1024);
         // 1024 row blocks fill the SMs: one split; 16 row blocks: the chunk is split.
         assert_eq!(wgmma_prefill_pages_per_cta(4096, 32768, 132), 512);
         assert_eq!(wgmma_prefill_pages_per_cta(64, 32768, 132), 16);
@@ -625,7 +644,8 @@ mod tests {
                 let tag = flavor.name();
                 for (heads, tile) in [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64)] {
                     let symbol = scorer(route, flavor, heads).symbol();
-                    let expected = if flavor == MmaFlavor::Wgmma {
+                    let flavor_first = matches!(flavor, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8);
+                    let expected = if flavor_first {
                         format!("b12x_indexer_{tag}_{name}_h{tile}")
                     } else {
                         format!("b12x_indexer_{name}_{tag}_h{tile}")
@@ -641,10 +661,12 @@ mod tests {
     #[test]
     fn default_flavors_run_where_they_are_picked() {
         for cc in [(8, 9), (9, 0), (10, 0), (12, 0)] {
-            let flavor = MmaFlavor::for_device(cc);
-            for route in [Route::PagedDecode, Route::SharedPrefill] {
-                let kernel = scorer(route, flavor, 64);
-                assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
+            for precision in [Precision::Exact, Precision::Fast] {
+                let flavor = MmaFlavor::for_device(cc, precision);
+                for route in [Route::PagedDecode, Route::SharedPrefill] {
+                    let kernel = scorer(route, flavor, 64);
+                    assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
+                }
             }
         }
     }

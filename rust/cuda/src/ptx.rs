@@ -133,6 +133,14 @@ modules! {
         IndexerWgmmaPrefillH32 = "b12x_indexer_wgmma_prefill_h32",
         IndexerWgmmaPrefillH48 = "b12x_indexer_wgmma_prefill_h48",
         IndexerWgmmaPrefillH64 = "b12x_indexer_wgmma_prefill_h64",
+        IndexerWgmmaFp8DecodeH16 = "b12x_indexer_wgmma_fp8_decode_h16",
+        IndexerWgmmaFp8DecodeH32 = "b12x_indexer_wgmma_fp8_decode_h32",
+        IndexerWgmmaFp8DecodeH48 = "b12x_indexer_wgmma_fp8_decode_h48",
+        IndexerWgmmaFp8DecodeH64 = "b12x_indexer_wgmma_fp8_decode_h64",
+        IndexerWgmmaFp8PrefillH16 = "b12x_indexer_wgmma_fp8_prefill_h16",
+        IndexerWgmmaFp8PrefillH32 = "b12x_indexer_wgmma_fp8_prefill_h32",
+        IndexerWgmmaFp8PrefillH48 = "b12x_indexer_wgmma_fp8_prefill_h48",
+        IndexerWgmmaFp8PrefillH64 = "b12x_indexer_wgmma_fp8_prefill_h64",
     ],
 }
 

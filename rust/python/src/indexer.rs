@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use b12x_core::indexer::{
     self, Caps, CapsRequest, DeviceFacts, IndexSpace, InternCache, MmaFlavor, Mode, Operands,
-    PageFault, Plan, PlanOptions, Region,
+    PageFault, Plan, PlanOptions, Precision, Region,
 };
 use b12x_core::{DType, Device, Error as CoreError};
 use b12x_cuda::indexer::{available_flavors, launch_indexer};
@@ -94,6 +94,16 @@ fn parse_device(obj: &Bound<'_, PyAny>) -> PyB12xResult<(Device, Py<PyAny>)> {
 /// ``output_index_space`` "logical" (request-relative position) or
 /// "physical" (page_id*64 + slot); ``supertile_tokens`` 0 picks
 /// min(32768, width*64 rounded up to 512) K rows per chunk.
+///
+/// ``precision`` "exact" (the default): fp32 accumulation of exact FP8
+/// products, the same logits on every architecture. "fast": a device may use
+/// a faster MMA with reduced-precision accumulation (Hopper: FP8 wgmma,
+/// ``Plan.mma_flavor == "wgmma_fp8"``); every logit stays within 1e-3 of the
+/// exact one relative to its magnitude, ``scale * sum_h |w_h| * |q_h . k|``
+/// (1e-3 relative to the logit itself when no term is negative), and the
+/// selected set equals the exact one's except for indices whose logit lies
+/// within that tolerance of the k-th value. Where the hardware has no faster
+/// path, "fast" runs the exact flavor.
 #[pyclass(name = "Caps", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyCaps {
     caps: Caps,
@@ -106,7 +116,8 @@ pub struct PyCaps {
 impl PyCaps {
     #[new]
     #[pyo3(signature = (*, device, num_q_heads, max_q_rows, max_page_table_width, topk,
-        mode="decode", output_index_space="logical", page_size=64, supertile_tokens=0))]
+        mode="decode", output_index_space="logical", page_size=64, supertile_tokens=0,
+        precision="exact"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         device: &Bound<'_, PyAny>,
@@ -118,6 +129,7 @@ impl PyCaps {
         output_index_space: &str,
         page_size: i64,
         supertile_tokens: i64,
+        precision: &str,
     ) -> PyB12xResult<Self> {
         let (dev, device_obj) = parse_device(device)?;
         let caps = Caps::new(&CapsRequest {
@@ -130,6 +142,7 @@ impl PyCaps {
             index_space: IndexSpace::parse(output_index_space)?,
             page_size,
             supertile_tokens,
+            precision: Precision::parse(precision)?,
         })?;
         Ok(PyCaps { caps, key: caps.bucketed(), device: device_obj })
     }
@@ -169,6 +182,10 @@ impl PyCaps {
     #[getter]
     fn supertile_tokens(&self) -> u32 {
         self.caps.supertile_tokens
+    }
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.caps.precision.name()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
@@ -439,8 +456,14 @@ impl PyPlan {
     fn multiprocessors(&self) -> u32 {
         self.plan.multiprocessors()
     }
-    /// The scorers' MMA flavor: "e4m3", "f16" or "wgmma" on a GPU (see
-    /// ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
+    /// "exact" or "fast" (see :class:`Caps`).
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.plan.caps().precision.name()
+    }
+    /// The scorers' MMA flavor, resolved from the device and the precision:
+    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" (fast, sm_90) on a GPU
+    /// (see ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
     #[getter]
     fn mma_flavor(&self) -> &'static str {
         self.plan.mma_flavor().map_or("reference", MmaFlavor::name)
@@ -449,6 +472,11 @@ impl PyPlan {
     #[getter]
     fn topk_slices(&self) -> u32 {
         self.plan.topk_slices()
+    }
+    /// True for a benchmark plan that runs the top-k stage only.
+    #[getter]
+    fn topk_only(&self) -> bool {
+        self.plan.topk_only()
     }
     #[getter]
     fn nbytes(&self) -> u64 {
@@ -548,16 +576,19 @@ fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyP
 
 /// A new, uncached plan every call (for benchmarks and tests), optionally
 /// with the scorers' MMA flavor forced to ``mma_flavor`` (one the device
-/// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use).
+/// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use),
+/// or running the top-k stage only (``topk_only``: on the logits a full run
+/// left in the scratch; the benchmark's ``topk_only`` arm).
 #[pyfunction]
-#[pyo3(signature = (caps, /, *, mma_flavor=None))]
+#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false))]
 fn indexer_build_plan(
     py: Python<'_>,
     caps: &Bound<'_, PyCaps>,
     mma_flavor: Option<&str>,
+    topk_only: bool,
 ) -> PyB12xResult<Py<PyPlan>> {
-    let options = PlanOptions { mma_flavor: mma_flavor.map(MmaFlavor::parse).transpose()? };
-    build_plan(py, caps.get(), &options)
+    let mma_flavor = mma_flavor.map(MmaFlavor::parse).transpose()?;
+    build_plan(py, caps.get(), &PlanOptions { mma_flavor, topk_only })
 }
 
 #[pyfunction]
@@ -855,6 +886,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INDEXER_SCALE_OFFSET", indexer::SCALE_OFFSET)?;
     m.add("INDEXER_MAX_HEADS", indexer::MAX_HEADS)?;
     m.add("INDEXER_SUPPORTED_TOPK", PyTuple::new(py, indexer::SUPPORTED_TOPK)?)?;
+    m.add("INDEXER_MMA_FLAVORS", PyTuple::new(py, MmaFlavor::ALL.map(MmaFlavor::name))?)?;
     m.add_function(wrap_pyfunction!(indexer_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_build_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_plan_count, m)?)?;

@@ -40,6 +40,20 @@ tensor, a mapping ``{"paged_indexer.scratch": tensor}`` or a one-element
 sequence. Its regions (``plan.layout``) start on 1024-byte boundaries. Its
 contents need no initialisation: ``run`` initialises what it uses.
 
+Precision
+---------
+``Caps(precision="exact")`` (the default): fp32 accumulation of exact FP8
+products, the same logits on every architecture, deterministic ties.
+``precision="fast"`` lets a device use a faster MMA with reduced-precision
+accumulation; on Hopper (sm_90) that is FP8 wgmma. Its contract: every logit
+within 1e-3 of the fp32 reference relative to its magnitude
+``scale * sum_h |w_h| * |q_h . k|`` (which is ``|logit|`` when no term is
+negative), and the selected set equal to the reference's except for indices
+whose logit lies within that tolerance of the k-th value. Where the hardware
+has no faster path, "fast" is exact. ``Plan.mma_flavor`` (and the plan's
+repr) says which flavor runs: "e4m3", "f16", "wgmma", "wgmma_fp8" or
+"reference" (CPU).
+
 Page ids
 --------
 ``page_table`` holds page ids of ``index_k_cache`` (its rows); ``-1`` (any
@@ -134,7 +148,7 @@ def is_supported(device: Any = None) -> bool:
     return (major, minor) >= (8, 9)
 
 
-def check(device: Any = "cpu") -> None:
+def check(device: Any) -> None:
     """Raises the first page-table fault that runs on ``device`` met since the last check.
 
     ``Binding.check()`` for every binding of the device (CPU or CUDA): syncs
@@ -145,13 +159,21 @@ def check(device: Any = "cpu") -> None:
     """
     import torch
 
-    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    from b12x.errors import DeviceError
+
+    try:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(
+            f"check: device expected 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}"
+        ) from e
     if dev.type == "cpu":
         _core.indexer_check(None)
+    elif dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        _core.indexer_check(index)
     else:
-        from b12x import cuda
-
-        _core.indexer_check(cuda.device_index(dev))
+        raise DeviceError(f"check: device expected a cpu or cuda device, got {dev}")
 
 
 def clear_caches() -> None:

@@ -327,7 +327,7 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::caps::{Caps, CapsRequest};
+    use super::super::caps::{Caps, CapsRequest, Precision};
     use super::super::plan::DeviceFacts;
     use super::*;
 
@@ -365,6 +365,7 @@ mod tests {
             index_space: space,
             page_size: 64,
             supertile_tokens: 0,
+            precision: Precision::Exact,
         })
         .unwrap();
         let device = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };

@@ -28,7 +28,7 @@ mod plan;
 pub use bind::{bind, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
-pub use caps::{Caps, CapsRequest, IndexSpace, Mode};
+pub use caps::{Caps, CapsRequest, IndexSpace, Mode, Precision};
 pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
 pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};

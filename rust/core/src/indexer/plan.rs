@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::caps::{Caps, Mode};
+use super::caps::{Caps, Mode, Precision};
 use super::layout::{LayoutInput, ScratchLayout};
 use super::{
     DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM,
@@ -32,8 +32,9 @@ impl Route {
 }
 
 /// Which MMA the scorers use (kernels/indexer_{decode,prefill,wgmma}.cu).
-/// Every flavor gives the same logits: FP8 products are exact in f32, every
-/// e4m3 value is an f16 value, and each accumulates in fp32.
+/// The exact flavors give the same logits: FP8 products are exact in f32,
+/// every e4m3 value is an f16 value, and each accumulates in fp32.
+/// [`MmaFlavor::WgmmaFp8`] is the fast one ([`Precision::Fast`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MmaFlavor {
     /// `mma.sync m16n8k32 .e4m3` on the raw bytes (native on sm_89 and sm_120).
@@ -44,34 +45,46 @@ pub enum MmaFlavor {
     /// Hopper's warpgroup MMA on FP8 widened to f16 (`wgmma m64nNk16 .f16`,
     /// sm_90a only): exact products, fp32 accumulation.
     Wgmma,
+    /// Hopper's FP8 warpgroup MMA on the raw bytes (`wgmma m64nNk32 .e4m3`,
+    /// sm_90a only): half the MMAs, reduced-precision accumulation.
+    WgmmaFp8,
 }
 
 impl MmaFlavor {
-    pub const ALL: [MmaFlavor; 3] = [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma];
+    pub const ALL: [MmaFlavor; 4] =
+        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8];
 
     pub const fn name(self) -> &'static str {
         match self {
             MmaFlavor::E4m3 => "e4m3",
             MmaFlavor::F16 => "f16",
             MmaFlavor::Wgmma => "wgmma",
+            MmaFlavor::WgmmaFp8 => "wgmma_fp8",
         }
+    }
+
+    /// Whether this flavor keeps the exact contract ([`Precision::Exact`]).
+    pub const fn is_exact(self) -> bool {
+        !matches!(self, MmaFlavor::WgmmaFp8)
     }
 
     pub fn parse(s: &str) -> Result<MmaFlavor> {
         MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
             op: "plan",
             operand: "mma_flavor".into(),
-            expected: "one of {e4m3, f16, wgmma}".into(),
+            expected: "one of {e4m3, f16, wgmma, wgmma_fp8}".into(),
             got: format!("{s:?}"),
         })
     }
 
     /// The flavor a plan picks for a device of compute capability `cc`: the
-    /// fastest measured there (rust/cuda's module table says where each runs).
-    pub fn for_device(cc: (u32, u32)) -> MmaFlavor {
-        match cc {
-            (8, 9) | (12, _) => MmaFlavor::E4m3,
-            (9, 0) => MmaFlavor::Wgmma,
+    /// fastest measured there that meets `precision` (rust/cuda's module
+    /// table says where each runs). Only Hopper has a faster, inexact path.
+    pub fn for_device(cc: (u32, u32), precision: Precision) -> MmaFlavor {
+        match (cc, precision) {
+            ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
+            ((9, 0), Precision::Exact) => MmaFlavor::Wgmma,
+            ((9, 0), Precision::Fast) => MmaFlavor::WgmmaFp8,
             _ => MmaFlavor::F16,
         }
     }
@@ -96,6 +109,9 @@ pub struct PlanOptions {
     /// Run this MMA flavor instead of the device's (it must run there: the
     /// caller checks that against the loaded kernels).
     pub mma_flavor: Option<MmaFlavor>,
+    /// Launch the top-k stage only, on the logits already in the scratch
+    /// (the benchmark's `topk_only` arm; meaningful for one-chunk plans).
+    pub topk_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +120,7 @@ pub struct Plan {
     route: Route,
     /// None on the CPU, where the reference runs.
     mma_flavor: Option<MmaFlavor>,
+    topk_only: bool,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -166,9 +183,9 @@ impl Plan {
             Mode::Prefill => 1,
         };
         let mma_flavor = match (caps.device.is_cuda(), options.mma_flavor) {
-            (true, forced) => {
-                Some(forced.unwrap_or(MmaFlavor::for_device(device.compute_capability)))
-            }
+            (true, forced) => Some(
+                forced.unwrap_or(MmaFlavor::for_device(device.compute_capability, caps.precision)),
+            ),
             (false, None) => None,
             (false, Some(f)) => {
                 return Err(Error::InvalidValue {
@@ -190,10 +207,19 @@ impl Plan {
             multiprocessors: multiprocessors as u64,
             topk_slices,
         })?;
+        if options.topk_only && !caps.device.is_cuda() {
+            return Err(Error::InvalidValue {
+                op: "plan",
+                operand: "topk_only".into(),
+                expected: "false on a CPU plan (the reference runs the whole op)".into(),
+                got: "true".into(),
+            });
+        }
         Ok(Plan {
             caps,
             route,
             mma_flavor,
+            topk_only: options.topk_only,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -219,6 +245,11 @@ impl Plan {
     #[inline]
     pub fn mma_flavor(&self) -> Option<MmaFlavor> {
         self.mma_flavor
+    }
+    /// Whether runs launch the top-k stage only ([`PlanOptions::topk_only`]).
+    #[inline]
+    pub fn topk_only(&self) -> bool {
+        self.topk_only
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -268,7 +299,7 @@ impl fmt::Display for Plan {
             f,
             "route={}, device={}, num_q_heads={}, max_q_rows={}, max_page_table_width={}, \
              topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}, \
-             mma_flavor={}",
+             precision={}, mma_flavor={}",
             self.route.name(),
             self.caps.device,
             self.caps.num_q_heads,
@@ -279,14 +310,19 @@ impl fmt::Display for Plan {
             self.supertile,
             self.max_chunks,
             self.nbytes(),
+            self.caps.precision.name(),
             self.mma_flavor.map_or("reference", MmaFlavor::name)
-        )
+        )?;
+        if self.topk_only {
+            write!(f, ", topk_only=true")?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::caps::{CapsRequest, IndexSpace};
+    use super::super::caps::{CapsRequest, IndexSpace, Precision};
     use super::super::layout::RegionId;
     use super::*;
     use crate::tensor::Device;
@@ -306,6 +342,7 @@ mod tests {
             index_space: IndexSpace::Logical,
             page_size: 64,
             supertile_tokens: supertile,
+            precision: Precision::Exact,
         })
         .unwrap()
     }
@@ -388,7 +425,16 @@ mod tests {
         assert_eq!(flavor((8, 9)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
-        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3) };
+        // fast: FP8 wgmma on Hopper; elsewhere there is no faster path, so exact
+        let fast = Caps { precision: Precision::Fast, ..c };
+        let flavor = |cc| Plan::new(&fast, &on(cc)).unwrap().mma_flavor();
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::WgmmaFp8));
+        assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
+        let p = Plan::new(&fast, &on((9, 0))).unwrap();
+        assert!(p.to_string().ends_with("precision=fast, mma_flavor=wgmma_fp8"));
+        assert!(!MmaFlavor::WgmmaFp8.is_exact() && MmaFlavor::Wgmma.is_exact());
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3), ..PlanOptions::default() };
         let p = Plan::with_options(&c, &on((9, 0)), &forced).unwrap();
         assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
         assert!(p.to_string().ends_with("mma_flavor=e4m3"));
@@ -402,6 +448,10 @@ mod tests {
             "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
         );
         assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
+        let stage = PlanOptions { topk_only: true, ..PlanOptions::default() };
+        let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
+        assert!(p.topk_only() && p.to_string().ends_with(", topk_only=true"));
+        assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
         assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }
