@@ -23,6 +23,9 @@ pub struct DeviceModules {
     pub context: sys::CUcontext,
     pub compute_capability: (u32, u32),
     pub multiprocessors: u32,
+    /// Dynamic shared memory one CTA may take (the opt-in limit every
+    /// function was given at load).
+    pub shared_opt_in: u32,
     /// Device address of the status record kernels report refused input in
     /// ([`STATUS_BYTES`], zeroed here; the indexer's page-id faults). One per
     /// device, so it stays valid in captured graphs and is never shared with
@@ -268,6 +271,7 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
         context,
         compute_capability: info.compute_capability,
         multiprocessors: info.multiprocessors,
+        shared_opt_in: opt_in_shared,
         status,
         functions,
     })

@@ -117,6 +117,73 @@ struct TopkParams {
     slice_len: u32,
     physical: u32,
     pages: u32,
+    stage_cap: u32,
+    hit_cap: u32,
+}
+
+// Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
+// by `kernel_constants_match_the_sources` and the kernels' static_asserts).
+const TOPK_STAGED_SMEM: u32 = 16544; // StagedSmem
+const TOPK_GENERAL_SMEM: u32 = 41240; // TopkSmem, the general paths
+const STAGED_HIT_MAX: u32 = 8192;
+
+/// Dynamic shared memory of a top-k kernel whose stage holds `stage_cap`
+/// candidates (raw fp32 bits, or 16-bit key prefixes) and whose hit list holds
+/// `hit_cap` positions (mirrors `staged_bytes` in kernels/indexer_topk.cu).
+pub fn topk_shared_bytes(raw: bool, hit_cap: u32, stage_cap: u32) -> u32 {
+    let per = if raw { 4 } else { 2 };
+    (TOPK_STAGED_SMEM + 12 * hit_cap + per * stage_cap).max(TOPK_GENERAL_SMEM)
+}
+
+/// One top-k kernel launch: its stage and hit list within the device's
+/// shared memory, or none (stage_cap 0: the general paths only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopkStage {
+    pub stage_cap: u32,
+    pub hit_cap: u32,
+    pub shared_bytes: u32,
+}
+
+impl TopkStage {
+    /// No stage: the general paths only, in their own shared memory.
+    pub const GENERAL: TopkStage =
+        TopkStage { stage_cap: 0, hit_cap: 0, shared_bytes: TOPK_GENERAL_SMEM };
+}
+
+/// The stage for `candidates` positions: the hit list at 2 topk + 1024
+/// (about twice what the sampled threshold lists), shrunk down to topk + 512
+/// to fit `opt_in` bytes, else no stage.
+pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkStage {
+    let per = if raw { 4 } else { 2 };
+    let want = (2 * topk + 1024).min(STAGED_HIT_MAX);
+    let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM + per * candidates) / 12) & !3;
+    let hit_cap = want.min(room);
+    if hit_cap < topk + 512 {
+        return TopkStage::GENERAL;
+    }
+    let shared_bytes = topk_shared_bytes(raw, hit_cap, candidates);
+    TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
+}
+
+/// The fold kernel for `rows` rows of `candidates` positions each: raw fp32
+/// stage when each row gets an SM of its own, else the 16-bit prefix stage
+/// (half the shared memory: two CTAs per SM, one's reads under the other's
+/// work), else whichever fits.
+pub fn topk_fold_kernel(
+    rows: u32,
+    topk: u32,
+    candidates: u32,
+    sms: u32,
+    opt_in: u32,
+) -> (Kernel, TopkStage) {
+    let raw = topk_stage(true, topk, candidates, opt_in);
+    let prefix = topk_stage(false, topk, candidates, opt_in);
+    let prefer_raw = rows <= sms && raw.stage_cap != 0;
+    if prefer_raw || prefix.stage_cap == 0 {
+        (Kernel::IndexerTopkFold, raw)
+    } else {
+        (Kernel::IndexerTopkFoldPrefix, prefix)
+    }
 }
 
 /// Chunks the page table is scored in: ceil(width * 64 / supertile).
@@ -334,6 +401,13 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
         scorer_config(route, flavor, a.rows, a.heads, s, plan.multiprocessors());
     let slices = plan.topk_slices();
     let pages = kernel_pages(a.pages);
+    let (sms, opt_in) = (plan.multiprocessors(), loaded(a.device)?.shared_opt_in);
+    let slen = slice_len(s, slices);
+    // Candidates per fold CTA: the carry + the chunk.
+    let (fold_kernel, fold) = topk_fold_kernel(a.rows, a.topk, a.topk + s, sms, opt_in);
+    // The two-stage top-k keeps the general paths: its staged form measured
+    // slower on one H200 (decode 1 x 131072: 30.2 vs 28.3 us, bench-results/h200/topk-notes.md).
+    let (slice, merge) = (TopkStage::GENERAL, TopkStage::GENERAL);
     let partial = |id| if slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
@@ -356,9 +430,11 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
         num_chunks: chunks,
         chunk_len: s,
         slices,
-        slice_len: slice_len(s, slices),
+        slice_len: slen,
         physical: (plan.caps().index_space == IndexSpace::Physical) as u32,
         pages,
+        stage_cap: 0,
+        hit_cap: 0,
     };
     let topk_block = (TOPK_THREADS, 1, 1);
     for c in 0..chunks {
@@ -390,19 +466,21 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
             unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
         }
         tp.chunk = c;
-        let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
-        if slices == 1 {
-            let cfg = LaunchConfig { grid: (a.rows, 1, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above, TopkParams mirrors the kernels' struct.
-            unsafe { launch(a.device, Kernel::IndexerTopkFold, cfg, stream, &mut targs)? };
+        let steps: &[(Kernel, (u32, u32, u32), TopkStage)] = if slices == 1 {
+            &[(fold_kernel, (a.rows, 1, 1), fold)]
         } else {
-            let cfg =
-                LaunchConfig { grid: (a.rows, slices, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above.
-            unsafe { launch(a.device, Kernel::IndexerTopkSlice, cfg, stream, &mut targs)? };
-            let cfg = LaunchConfig { grid: (a.rows, 1, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above.
-            unsafe { launch(a.device, Kernel::IndexerTopkMerge, cfg, stream, &mut targs)? };
+            &[
+                (Kernel::IndexerTopkSlice, (a.rows, slices, 1), slice),
+                (Kernel::IndexerTopkMerge, (a.rows, 1, 1), merge),
+            ]
+        };
+        for &(kernel, grid, stage) in steps {
+            tp.stage_cap = stage.stage_cap;
+            tp.hit_cap = stage.hit_cap;
+            let cfg = LaunchConfig { grid, block: topk_block, shared_bytes: stage.shared_bytes };
+            let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
+            // SAFETY: as above, TopkParams mirrors the kernels' struct.
+            unsafe { launch(a.device, kernel, cfg, stream, &mut targs)? };
         }
     }
     Ok(())
@@ -463,6 +541,7 @@ mod tests {
             ("PREFILL_TOKENS", PREFILL_TOKENS as u64),
             ("PREFILL_ROWS", PREFILL_ROWS as u64),
             ("TOPK_THREADS", TOPK_THREADS as u64),
+            ("STAGED_HIT_MAX", STAGED_HIT_MAX as u64),
             ("WG_THREADS", WGMMA_THREADS as u64),
             ("WG_DECODE_STAGES", WGMMA_DECODE_STAGES as u64),
             ("WG_PREFILL_STAGES", WGMMA_PREFILL_STAGES as u64),
@@ -479,9 +558,49 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 11 u64 + 8 u32 and 13 u64 + 10 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        // 11 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
         assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
-        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 10 * 4);
+        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
+    }
+
+    #[test]
+    fn topk_stages_fit_the_device_and_fall_back_to_the_general_paths() {
+        const H200: u32 = 232448; // 227 KiB opt-in
+        const SM120: u32 = 101376; // 99 KiB opt-in
+                                   // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
+        assert_eq!(k, Kernel::IndexerTopkFold);
+        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
+        // more rows than SMs: the prefix stage, two CTAs per SM
+        let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
+        assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
+        assert_eq!(st.shared_bytes, 16544 + 12 * 2048 + 2 * 33280);
+        assert!(2 * (st.shared_bytes + 1024) <= 233472);
+        // 99 KiB: the raw stage does not fit; the prefix one does with a shorter list
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 188, SM120);
+        assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
+        assert_eq!(st.hit_cap, 1520);
+        assert!(st.shared_bytes <= SM120);
+        // nothing fits: the general paths only, in their own shared memory
+        let none = topk_stage(true, 2048, 131072 + 2048, SM120);
+        assert_eq!(none, TopkStage::GENERAL);
+        assert_eq!(TopkStage::GENERAL.shared_bytes, 41240);
+        // hit lists are multiples of 4 and never above the kernels' maximum
+        for topk in SUPPORTED_TOPK {
+            for cand in [1024, 8192, 33280, 67584] {
+                for raw in [true, false] {
+                    let st = topk_stage(raw, topk, cand, H200);
+                    assert_eq!(st.hit_cap % 4, 0);
+                    assert!(st.hit_cap <= STAGED_HIT_MAX && st.shared_bytes <= H200);
+                    let want = if st.stage_cap == 0 {
+                        TOPK_GENERAL_SMEM
+                    } else {
+                        topk_shared_bytes(raw, st.hit_cap, cand)
+                    };
+                    assert_eq!(st.shared_bytes, want);
+                }
+            }
+        }
     }
 
     #[test]
