@@ -4,7 +4,10 @@
 #   tools/gpu/qualify.sh [WHEEL]        logs in $RESULTS (default gpu-results/)
 source "$(dirname "$0")/common.sh" "$@"
 step doctor 60 b12x doctor
-TAIL=12 step pytest 330 bash -c 'cd tests && python3 -m pytest -q -p no:cacheprovider -ra .'
+# The real-vLLM tests need vLLM installed (CI installs it); a GPU host may not have it.
+VLLM_TESTS=$(python3 -c 'import vllm' 2>/dev/null && echo "" || echo "--ignore=vllm_real")
+TAIL=12 step pytest 330 bash -c "cd tests && python3 -m pytest -q -p no:cacheprovider -ra $VLLM_TESTS ."
+
 step memcheck 120 compute-sanitizer --tool memcheck python3 tests/indexer_memcheck_case.py
 step racecheck 120 compute-sanitizer --tool racecheck python3 tests/indexer_memcheck_case.py
 step demo_1gpu 90 b12x demo --gpus 1
