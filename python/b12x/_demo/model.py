@@ -62,7 +62,8 @@ class IndexProjections(torch.nn.Module):
     @torch.no_grad()
     def keys(self, compressed: torch.Tensor) -> torch.Tensor:
         """Index K rows (float32 ``[rows, 128]``) of compressed hidden states."""
-        return self.k_norm(self.wk(compressed)).float()
+        keys: torch.Tensor = self.k_norm(self.wk(compressed)).float()
+        return keys
 
 
 @dataclass
@@ -183,7 +184,9 @@ class GrowingWorkspace:
         self.buffer = torch.empty(0, dtype=torch.uint8, device=device)
         self.requests = 0
 
-    def get_simultaneous(self, *shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]):
+    def get_simultaneous(
+        self, *shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]
+    ) -> list[torch.Tensor]:
         self.requests += 1
         sizes = []
         for shape, dtype in shapes_and_dtypes:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     )
     di.clear_caches()
 
-    def cold():
+    def cold() -> object:
         di.clear_caches()
         return di.plan(caps)
 
@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     bind = di.bind
     t = tensors
 
-    def bind8():
+    def bind8() -> object:
         return bind(
             plan,
             scratch=t["scratch"],
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             output_indices=t["output_indices"],
         )
 
-    def bind9():
+    def bind9() -> object:
         return bind(
             plan,
             scratch=t["scratch"],
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     values = list(tensors.values())
 
-    def python_reads():
+    def python_reads() -> None:
         # the floor: the torch attribute reads any bind needs, done in Python
         for x in values:
             (x.dtype, x.is_cuda, x.is_cpu, x.shape, x.stride(), x.data_ptr())
