@@ -79,7 +79,7 @@ def allreduce_timeout_ns(timeout_s: float | None, env: Mapping[str, str] | None 
 def allreduce_twoshot_push(
     choice: bool | None, env: Mapping[str, str] | None = None
 ) -> bool | None: ...
-def allreduce_fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None: ...
+def _allreduce_fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None: ...  # test hook
 def allreduce_route(
     operation: str,
     shape: Sequence[int],

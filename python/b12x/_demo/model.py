@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from b12x.attention.dsa_indexer import INDEX_HEAD_DIM
+from b12x.attention.dsa_indexer import PAGED_INDEX_PAGE_SIZE as PAGE_SIZE
+
 FP8_MAX = 448.0
-PAGE_SIZE = 64
 COMPRESS_RATIO = 4
 
 
@@ -24,7 +26,7 @@ COMPRESS_RATIO = 4
 class Shape:
     hidden: int = 7168
     index_heads: int = 64
-    head_dim: int = 128
+    head_dim: int = INDEX_HEAD_DIM
     topk: int = 512
 
 

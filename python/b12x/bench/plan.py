@@ -79,9 +79,13 @@ def run(args: argparse.Namespace) -> BenchResult:
     pages = width + 8
     tensors = {
         "scratch": torch.empty(plan.nbytes, dtype=torch.uint8, device=device),
-        "q_fp8": torch.zeros((rows, heads, 128), dtype=torch.float8_e4m3fn, device=device),
+        "q_fp8": torch.zeros(
+            (rows, heads, di.INDEX_HEAD_DIM), dtype=torch.float8_e4m3fn, device=device
+        ),
         "query_weights": torch.zeros((rows, heads), dtype=torch.float32, device=device),
-        "index_k_cache": torch.zeros((pages, 8448), dtype=torch.uint8, device=device),
+        "index_k_cache": torch.zeros(
+            (pages, di.INDEX_PAGE_BYTES), dtype=torch.uint8, device=device
+        ),
         "page_table": torch.zeros((rows, width), dtype=torch.int32, device=device),
         "cache_lengths": torch.zeros(rows, dtype=torch.int32, device=device),
         "active_width": torch.zeros(1, dtype=torch.int32, device=device),
