@@ -6,7 +6,8 @@ with CUDA's headers from nvidia-cuda-runtime-cu12==12.8.90. NVRTC 12.8 emits
 PTX ISA 8.7, which every driver from 570 on loads; the baseline target is
 compute_89 (FP8 mma.sync), JIT-compiled by the driver for sm_90 and sm_120.
 Arch-specific modules (ARCH_SPECIFIC) sit beside the baseline, never instead
-of it: indexer_wgmma targets compute_90a (Hopper wgmma) and loads on sm_90 only.
+of it: indexer_wgmma targets compute_90a (Hopper wgmma, f16 and FP8) and loads
+on sm_90 only.
 
     python kernels/build_ptx.py           # rewrite rust/cuda/ptx/*.ptx
     python kernels/build_ptx.py --check   # exit 1 if the committed PTX is stale
@@ -91,9 +92,10 @@ def main() -> int:
     parser.add_argument("only", nargs="*", help="module names (default: all kernels/*.cu)")
     args = parser.parse_args()
 
-    # The generated wgmma header is an input of the PTX: refresh or check it first.
+    # The generated wgmma headers are inputs of the PTX: refresh or check them first.
     if args.check and not gen_wgmma.is_fresh():
-        print("stale: kernels/wgmma_f16.cuh; run: python kernels/build_ptx.py", file=sys.stderr)
+        for name in gen_wgmma.stale():
+            print(f"stale: kernels/{name}; run: python kernels/build_ptx.py", file=sys.stderr)
         return 1
     if not args.check:
         gen_wgmma.write()

@@ -9,6 +9,15 @@
 #define IDX_PAGE_ROWS 64
 #define IDX_HEAD_DIM 128
 #define IDX_SCALE_OFFSET 8192
+// Heads pad to a multiple of the MMA head tile; the scorers are built for
+// 1, 2, 3 and 4 tiles.
+#define IDX_HEAD_TILE 16
+#define IDX_MAX_HEADS 64
+static_assert(IDX_MAX_HEADS == 4 * IDX_HEAD_TILE, "scorers for 16, 32, 48 and 64 heads");
+// Top-k widths the selection is built and tested for: the powers of two in
+// [MIN, MAX] (it shifts by log2(topk) and reads lists as float4 groups).
+#define IDX_TOPK_MIN 512
+#define IDX_TOPK_MAX 2048
 
 // Scorer launch parameters (decode and prefill). Pointers first, then u64,
 // then u32: the Rust mirror has the same order, so no padding differs.
@@ -20,6 +29,7 @@ struct ScoreParams {
     const i32* lengths;       // i32 [rows]
     const i32* active_width;  // i32 [1]
     float* logits;            // f32 [rows, logits_row_stride] (one supertile chunk)
+    u32* status;              // IDX_STATUS_WORDS words: the first out-of-range page id
     u64 page_stride;          // bytes between pages (>= 8448)
     u64 pt_row_stride;        // elements; 0 = one row shared by every query row
     u64 logits_row_stride;    // elements (the supertile)
@@ -29,11 +39,45 @@ struct ScoreParams {
     u32 chunk_start;          // first token of this chunk
     u32 chunk_len;            // tokens per chunk (the supertile)
     u32 pages_per_cta;        // pages one CTA scores (decode and wgmma scorers)
+    u32 pages;                // pages of the K cache, min(shape[0], 2^31)
+    u32 pad_;
 };
 
-// Logit written for a token on an unmapped page (page id < 0): a NaN bit
-// pattern that arithmetic never produces (GPU NaN results are 0x7fffffff),
-// so the top-k can tell "not a candidate" from a NaN logit.
+// The status record (one per device, zeroed when the modules load; the host
+// reads and clears it, rust/cuda/src/indexer.rs): [set, row, column, page id,
+// pages]. The first reporter since the last clear wins; kernels never clear it.
+#define IDX_STATUS_WORDS 8
+
+static __device__ __noinline__ void idx_report_bad_page(u32* status, u32 row, u32 col,
+                                                        i32 pid, u32 pages) {
+    if (atomicCAS(status, 0u, 1u) == 0u) {
+        status[1] = row;
+        status[2] = col;
+        status[3] = (u32)pid;
+        status[4] = pages;
+    }
+}
+
+// Whether a page id from the table may be read: ids outside [0, pages) are
+// unmapped (negative ids by contract, ids past the cache by this bound).
+__device__ __forceinline__ bool idx_page_in_range(i32 pid, u32 pages) {
+    return (u32)pid < pages;  // a negative id wraps above every page count
+}
+
+// Page id of page-table entry (row, col), bounded by the cache: an id at or
+// past `pages` becomes -1 (unmapped) and is reported once.
+__device__ __forceinline__ i32 idx_bounded_pid(const ScoreParams& p, i32 pid, u32 row, u32 col) {
+    if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
+        idx_report_bad_page(p.status, row, col, pid, p.pages);
+        return -1;
+    }
+    return pid;
+}
+
+// Logit written for a token on an unmapped page (page id < 0 or past the
+// cache, see idx_bounded_pid): a NaN bit pattern that arithmetic never
+// produces (GPU NaN results are 0x7fffffff), so the top-k can tell "not a
+// candidate" from a NaN logit.
 #define IDX_NOT_CANDIDATE_BITS 0xffffffffu
 __device__ __forceinline__ float idx_not_candidate() { return __uint_as_float(IDX_NOT_CANDIDATE_BITS); }
 

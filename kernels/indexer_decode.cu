@@ -2,7 +2,8 @@
 //
 // logits[r, t - chunk_start] = scale[t] * sum_h w[r,h] * relu(q[r,h,:] . k[t,:])
 // for the chunk's live tokens t < min(len_r, active_width, width * 64).
-// Tokens on a page whose id is negative are not candidates (IDX_NOT_CANDIDATE).
+// Tokens on a page whose id is outside [0, pages) are not candidates
+// (IDX_NOT_CANDIDATE); ids past the cache are reported (idx_bounded_pid).
 //
 // Grid (rows, ceil(chunk_pages / pages_per_cta)), 4 warps; each warp owns
 // whole pages (strided by 4 inside the CTA's page range), keeps the next
@@ -32,7 +33,9 @@ __device__ __forceinline__ void decode_score_e4m3(const ScoreParams& p) {
 
     __shared__ i32 pids[DECODE_MAX_PAGES_PER_CTA];
     const i32* pt = p.page_table + (u64)r * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
-    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x) pids[i] = pt[page0 + i];
+    const u32 col0 = p.chunk_start / IDX_PAGE_ROWS + page0;  // page-table column of pids[0]
+    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x)
+        pids[i] = idx_bounded_pid(p, pt[page0 + i], r, col0 + i);
     __syncthreads();
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -180,7 +183,9 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
 
     const i32* pt = p.page_table + (u64)r * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
-    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x) pids[i] = pt[page0 + i];
+    const u32 col0 = p.chunk_start / IDX_PAGE_ROWS + page0;  // page-table column of pids[0]
+    for (u32 i = threadIdx.x; i < page_end - page0; i += blockDim.x)
+        pids[i] = idx_bounded_pid(p, pt[page0 + i], r, col0 + i);
     __syncthreads();
 
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

@@ -6,6 +6,7 @@
 // and weights stream through a double-buffered shared-memory stage with
 // cp.async. Each (row, 64 tokens) costs a warp 4 * NT * 4 MMAs; a row's work
 // stops at its live length, a CTA's at the longest live row of its block.
+// A page id outside [0, pages) is unmapped (ids past the cache reported).
 //
 // Grid (chunk_len / 512, ceil(rows / PREFILL_ROWS)), 256 threads.
 //
@@ -96,7 +97,20 @@ __device__ __forceinline__ void prefill_score(const ScoreParams& p) {
     const u32 page_col = (p.chunk_start + wt0) / IDX_PAGE_ROWS;
     const u32 slot0 = (p.chunk_start + wt0) % IDX_PAGE_ROWS;
     const bool in_table = page_col < p.width && wt0 < p.chunk_len;
-    const i32 pid = in_table ? p.page_table[page_col] : -1;
+    i32 pid = in_table ? p.page_table[page_col] : -1;
+    if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
+        // Unmapped; reported only when a row of the block reaches the page
+        // (the table past every live length may hold anything).
+        if (lane == 0) {
+            for (u32 i = 0; i < row_end - row0; ++i) {
+                if (sm.live[i] > p.chunk_start + wt0) {
+                    idx_report_bad_page(p.status, row0 + i, page_col, pid, p.pages);
+                    break;
+                }
+            }
+        }
+        pid = -1;
+    }
 
     KTile kt[PREFILL_MT];
     float sc[PREFILL_MT];

@@ -13,15 +13,24 @@
 // the distance below it, direct ranking inside the k-th key's bin; it falls
 // back to the radix path when the k-th key is outside the window.
 //
-// Kernels (one 512-thread CTA per row, or per (slice, row)):
-//   fold   carry + chunk logits            -> next carry, or the outputs on the last chunk
-//   slice  one slice of the chunk logits   -> that slice's top-k (partials)
-//   merge  carry + every slice's partials  -> next carry, or the outputs
+// These are the general paths. In front of them every kernel runs the staged
+// path (section "staged path" below: one read, a sampled threshold, shared
+// memory only) when its launch gives it a stage; they take over what it cannot
+// decide exactly.
+//
+// Kernels (one TOPK_THREADS = 1024-thread CTA per row, or per (slice, row);
+// dynamic shared memory sized by topk_shared_bytes in rust/cuda/src/indexer.rs):
+//   fold         carry + chunk logits           -> next carry, or the outputs on the last chunk
+//   fold_prefix  the same, 16-bit prefix stage  (two CTAs per SM)
+//   slice        one slice of the chunk logits  -> that slice's top-k (partials)
+//   merge        carry + every slice's partials -> next carry, or the outputs
 // Logits of tokens on unmapped pages hold IDX_NOT_CANDIDATE_BITS and are
 // skipped; a row with n <= topk candidates emits them all (in any order) and
 // pads -1 / -inf. Carry and partial lists have a static length (from the
 // lengths alone) and pad their unused slots with not-a-candidate entries.
 #include "indexer_common.cuh"
+
+typedef unsigned short u16;
 
 #define TOPK_THREADS 1024
 #define TOPK_WARPS (TOPK_THREADS / 32)
@@ -52,7 +61,9 @@ struct TopkParams {
     u32 slices;
     u32 slice_len;
     u32 physical;
-    u32 pad_;
+    u32 pages;      // pages of the K cache, min(shape[0], 2^31)
+    u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
+    u32 hit_cap;    // positions the staged path may list at or above its threshold
 };
 
 // ---------------------------------------------------------------- keys
@@ -228,11 +239,13 @@ struct OutputSink {  // the user's outputs, logical or physical indices
     float* scores;  // may be null
     const i32* pt_row;
     bool physical;
+    u32 pages;
     __device__ __forceinline__ void emit(u32 slot, float val, u32 t) const {
         i32 out = (i32)t;
         if (physical) {
+            // 64-bit: bind keeps pages * 64 <= 2^31, so an in-range id fits.
             const i32 pid = pt_row[t >> 6];
-            out = pid < 0 ? -1 : pid * 64 + (i32)(t & 63);
+            out = idx_page_in_range(pid, pages) ? (i32)((i64)pid * 64 + (t & 63)) : -1;
         }
         idx[slot] = out;
         if (scores != nullptr) scores[slot] = val;
@@ -263,7 +276,8 @@ struct TopkSmem {
 
 // Exclusive prefix sum of x over the block in thread order; returns it and
 // sets *total. Contains two barriers; every thread must call it.
-__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, TopkSmem& sm) {
+template <class Smem>
+__device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, Smem& sm) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 inc = x;
 #pragma unroll
@@ -288,7 +302,8 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, TopkSmem&
 // Bin holding the need-th largest key (bins counted from the top): writes
 // res_bin, res_above (keys in higher bins), res_cnt and res_total (all
 // counted keys; when need > res_total no bin is written). Barriers inside.
-__device__ __forceinline__ void find_bin(TopkSmem& sm, u32 nbins, u32 need) {
+template <class Smem>
+__device__ __forceinline__ void find_bin(Smem& sm, u32 nbins, u32 need) {
     const u32 per = (nbins + TOPK_THREADS - 1) / TOPK_THREADS;
     const u32 t = threadIdx.x;
     // Thread t owns bins [hi - per, hi), hi = nbins - t * per, scanned downwards.
@@ -665,82 +680,595 @@ __device__ __forceinline__ void select_topk(const Src& src, u32 k, u32 pad_to, c
 
 __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1); }
 
-// Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
-template <int kPath, class Src>
-__device__ __forceinline__ void select_to_dest(const TopkParams& p, u32 r, const RowChunk& rc,
-                                               const Src& src, TopkSmem& sm) {
-    if (rc.last) {
-        OutputSink sink;
-        sink.idx = p.out_indices + (u64)r * p.topk;
-        sink.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
-        sink.pt_row = p.page_table + (u64)r * p.pt_row_stride;
-        sink.physical = p.physical != 0;
-        select_topk<kPath>(src, p.topk, p.topk, sink, sm);
-    } else {
-        ValueSink sink;
-        const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
-        sink.v = p.carry_values + off;
-        sink.i = p.carry_indices + off;
-        // The next chunk reads min(topk, live tokens so far) carry slots.
-        const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
-        select_topk<kPath>(src, p.topk, (u32)min(through, (u64)p.topk), sink, sm);
+
+// ---------------------------------------------------------------- staged path
+//
+// The fast path of every kernel below: the candidates are read from global
+// memory once and staged in shared memory (raw fp32 bits, or the top 16 bits of
+// their keys where shared memory is short), while one in eight of them, spread
+// over the four lanes of a float4, is counted in a 4096-bin histogram of the top
+// 12 key bits. The sample's bin at rank ~1.5 k/8 + 16 gives a threshold t that
+// at least k candidates pass with overwhelming probability; one scan of the
+// stage then counts the candidates at or above t in the same histogram and
+// lists their positions (about 2k of them). Its bin b0 holding the k-th key
+// splits them: keys above b0 are in, and b0's keys (a few hundred) are refined
+// on the 64-bit key (value key << 32 | ~index) with the radix path's 12/8-bit
+// digits. If fewer than k pass t, or too many for the list, one scan counts
+// every staged key instead. What the staged path cannot decide exactly --
+// fewer than k numbers, +inf or a positive NaN present, a stage too small --
+// goes to the general paths above, out of line (same results, slower).
+
+#define STAGED_BINS 4096u
+#define STAGED_HIT_MAX 8192u
+#define STAGED_FIRST_NUMBER_BIN 8u       // bins below: negative NaNs, non-candidates
+#define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
+
+// Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
+// share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
+// above +inf, negative NaNs and IDX_NOT_CANDIDATE_BITS (-> 1, prefix 0) below
+// -inf: the staged path never selects from those bins. Three instructions.
+__device__ __forceinline__ u32 staged_key(u32 bits) {
+    const u32 s = (u32)((i32)bits >> 31);
+    return (bits ^ (s | 0x80000000u)) - s;
+}
+
+__device__ __forceinline__ u32 staged_prefix(u32 bits) { return staged_key(bits) >> 16; }
+
+__device__ __forceinline__ u64 staged_key64(u32 bits, u32 idx) {
+    return ((u64)staged_key(bits) << 32) | (u64)(~idx);
+}
+
+struct StagedSmem {
+    u32 hist[STAGED_BINS];
+    u32 warp_sum[TOPK_WARPS];
+    u32 res_bin;
+    u32 res_above;
+    u32 res_cnt;
+    u32 res_total;
+    u32 special;  // +inf or a positive NaN was counted
+    u32 n_hits;
+    u32 n_cand;
+    u32 out_n;
+};
+
+static_assert(sizeof(StagedSmem) == 16544, "mirrored by rust/cuda/src/indexer.rs");
+static_assert(sizeof(TopkSmem) == 41240, "mirrored by rust/cuda/src/indexer.rs");
+
+// Dynamic shared memory: StagedSmem, hits / cand_val / cand_idx [hit_cap], then
+// the stage: u32 [stage_cap] raw bits or u16 [stage_cap] key prefixes.
+// TopkSmem overlays it for the general paths. Mirrored by topk_shared_bytes
+// in rust/cuda/src/indexer.rs.
+template <bool kRaw>
+__device__ __forceinline__ u32 staged_bytes(u32 hit_cap, u32 stage_cap) {
+    const u32 staged = (u32)sizeof(StagedSmem) + 12u * hit_cap + (kRaw ? 4u : 2u) * stage_cap;
+    return max(staged, (u32)sizeof(TopkSmem));
+}
+
+struct StagedLayout {
+    StagedSmem* sm;
+    u32* hits;
+    u32* cand_val;
+    u32* cand_idx;
+    void* stage;
+    u32 hit_cap;
+};
+
+__device__ __forceinline__ u32 dynamic_smem_bytes() {
+    u32 r;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(r));
+    return r;
+}
+
+template <bool kRaw>
+__device__ __forceinline__ StagedLayout staged_layout(u8* dsm, const TopkParams& p) {
+    if (dynamic_smem_bytes() < staged_bytes<kRaw>(p.hit_cap, p.stage_cap) ||
+        p.hit_cap > STAGED_HIT_MAX || (p.hit_cap & 3u) != 0)
+        __trap();  // the launcher sized the shared memory wrong
+    StagedLayout l;
+    l.sm = reinterpret_cast<StagedSmem*>(dsm);
+    l.hits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
+    l.cand_val = l.hits + p.hit_cap;
+    l.cand_idx = l.cand_val + p.hit_cap;
+    l.stage = l.cand_idx + p.hit_cap;
+    l.hit_cap = p.hit_cap;
+    return l;
+}
+
+// Where a kernel's selection goes, chosen at run time so the staged path is
+// compiled once per kernel: the outputs, or a (value, index) list.
+struct DestSink {
+    OutputSink out;
+    ValueSink val;
+    bool to_output;
+    __device__ __forceinline__ void emit(u32 slot, float v, u32 idx) const {
+        if (to_output)
+            out.emit(slot, v, idx);
+        else
+            val.emit(slot, v, idx);
+    }
+};
+
+extern __shared__ __align__(16) u8 topk_dsm[];
+
+// The general paths, out of the staged path's code. Their TopkSmem overlays the
+// dynamic shared memory; it is named here, not passed, so the compiler keeps
+// shared-memory instructions (a pointer argument would make them generic).
+template <int kPath, class GSrc>
+__device__ __noinline__ void select_general(const GSrc& g, u32 k, u32 pad_to, const DestSink& d) {
+    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
+    if (d.to_output)
+        select_topk<kPath>(g, k, pad_to, d.out, sm);
+    else
+        select_topk<kPath>(g, k, pad_to, d.val, sm);
+}
+
+// Slots for the lanes with sel from counter *ctr; mask = __ballot_sync(sel) != 0.
+__device__ __forceinline__ u32 warp_reserve(bool sel, u32 mask, u32* ctr) {
+    const u32 lane = threadIdx.x & 31;
+    const u32 leader = (u32)__ffs((int)mask) - 1;
+    u32 base = 0;
+    if (lane == leader) base = atomicAdd(ctr, (u32)__popc(mask));
+    base = __shfl_sync(0xffffffffu, base, leader);
+    (void)sel;
+    return base + (u32)__popc(mask & ((1u << lane) - 1u));
+}
+
+// Staged sources: a scalar head (the carry) at stage positions [0, n_head),
+// padded to a multiple of 4, then float4 groups; value_at / index_at re-read
+// one staged position.
+
+// carry + contiguous chunk logits (fold), or one slice of them (slice: no carry).
+struct StagedDense {
+    const float* cv;
+    const i32* ci;
+    u32 nh;
+    const float* logits;
+    u32 idx0;
+    u32 n;
+    __device__ __forceinline__ u32 n_head() const { return nh; }
+    __device__ __forceinline__ u32 head_pad() const { return (nh + 3u) & ~3u; }
+    __device__ __forceinline__ float head(u32 i) const { return cv[i]; }
+    __device__ __forceinline__ u32 n_groups() const { return (n + 3u) / 4u; }
+    __device__ __forceinline__ float4 group(u32 g) const {
+        return __ldcg(reinterpret_cast<const float4*>(logits) + g);
+    }
+    __device__ __forceinline__ bool valid(u32 j) const { return j < n; }
+    __device__ __forceinline__ float value_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? cv[pos] : __ldcg(logits + (pos - hp));
+    }
+    __device__ __forceinline__ u32 index_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? (u32)ci[pos] : idx0 + (pos - hp);
+    }
+};
+
+// carry + the slices' partial lists (slot e of slice s is live when e < slice_count(s)).
+struct StagedMerge {
+    const float* cv;
+    const i32* ci;
+    u32 nh;
+    const float* pv;
+    const i32* pi;
+    u32 topk_shift;
+    u32 slices;
+    u32 slice_len;
+    u32 n_chunk;
+    __device__ __forceinline__ u32 n_head() const { return nh; }
+    __device__ __forceinline__ u32 head_pad() const { return (nh + 3u) & ~3u; }
+    __device__ __forceinline__ float head(u32 i) const { return cv[i]; }
+    __device__ __forceinline__ u32 n_groups() const { return (slices << topk_shift) / 4u; }
+    __device__ __forceinline__ float4 group(u32 g) const {
+        return __ldcg(reinterpret_cast<const float4*>(pv) + g);
+    }
+    __device__ __forceinline__ bool valid(u32 j) const {
+        const u32 s = j >> topk_shift;
+        const u32 start = s * slice_len;
+        const u32 len = n_chunk > start ? min(n_chunk - start, slice_len) : 0u;
+        return (j & ((1u << topk_shift) - 1u)) < min(len, 1u << topk_shift);
+    }
+    __device__ __forceinline__ float value_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return pos < hp ? cv[pos] : __ldcg(pv + (pos - hp));
+    }
+    __device__ __forceinline__ u32 index_at(u32 pos) const {
+        const u32 hp = head_pad();
+        return (u32)(pos < hp ? ci[pos] : __ldcg(pi + (pos - hp)));
+    }
+};
+
+// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, prefix 0)
+// and count the sample. U float4 groups per thread in flight.
+template <int U, bool kRaw, class Src>
+__device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& l) {
+    StagedSmem& sm = *l.sm;
+    const u32 t = threadIdx.x;
+    for (u32 b = t; b < STAGED_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    if (t == 0) {
+        sm.n_hits = 0;
+        sm.n_cand = 0;
+        sm.out_n = 0;
+    }
+    __syncthreads();
+    u32* st32 = static_cast<u32*>(l.stage);
+    u16* st16 = static_cast<u16*>(l.stage);
+    const u32 nh = src.n_head(), hp = src.head_pad();
+    for (u32 i = t; i < hp; i += TOPK_THREADS) {
+        const u32 bits = i < nh ? __float_as_uint(src.head(i)) : IDX_NOT_CANDIDATE_BITS;
+        if (kRaw)
+            st32[i] = bits;
+        else
+            st16[i] = (u16)staged_prefix(bits);
+        if (i < nh && (i & 7u) == 0) atomicAdd(&sm.hist[staged_prefix(bits) >> 4], 1u);
+    }
+    const u32 ng = src.n_groups();
+    for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
+        float4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 g = base + u * TOPK_THREADS + t;
+            if (g < ng) v[u] = src.group(g);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 g = base + u * TOPK_THREADS + t;
+            if (g >= ng) continue;
+            u32 b[4] = {__float_as_uint(v[u].x), __float_as_uint(v[u].y),
+                        __float_as_uint(v[u].z), __float_as_uint(v[u].w)};
+            if (!src.valid(4 * g + 3)) {  // a group's live slots are a prefix of it
+#pragma unroll
+                for (int j = 0; j < 3; ++j)
+                    if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
+                b[3] = IDX_NOT_CANDIDATE_BITS;
+            }
+            if (kRaw) {
+                reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
+            } else {
+                reinterpret_cast<uint2*>(st16 + hp)[g] =
+                    make_uint2(staged_prefix(b[0]) | (staged_prefix(b[1]) << 16),
+                               staged_prefix(b[2]) | (staged_prefix(b[3]) << 16));
+            }
+            if ((g & 1u) == 0) {  // the sample: lane (g / 2) % 4 of every other group
+                const u32 s = pick4(b, (int)((g >> 1) & 3u));
+                if (s != IDX_NOT_CANDIDATE_BITS) atomicAdd(&sm.hist[staged_prefix(s) >> 4], 1u);
+            }
+        }
+    }
+    __syncthreads();
+}
+
+// Lists the staged positions whose key is in bin `bin` or above (raw stage: a
+// float compare against the bin's lowest value, so NaNs never list; prefix
+// stage: the 16-bit prefix). The list stops at hit_cap; n_hits keeps counting.
+template <bool kRaw>
+__device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32 bin) {
+    StagedSmem& sm = *l.sm;
+    const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
+    const u32 kt = bin << 20;  // bin >= STAGED_FIRST_NUMBER_BIN: a number's key
+    const float tf = __uint_as_float(kt >= 0x80000000u ? kt ^ 0x80000000u : 0u - kt);
+    const u32 pt = bin << 4;
+    const u32 nq = npos / 4;
+    for (u32 base = 0; base < nq; base += TOPK_THREADS) {
+        const u32 q = base + threadIdx.x;
+        u32 m0, m1, m2, m3;
+        if (kRaw) {
+            const float nan = __uint_as_float(0x7fffffffu);  // lists nothing
+            float4 w = make_float4(nan, nan, nan, nan);
+            if (q < nq) w = reinterpret_cast<const float4*>(l.stage)[q];
+            m0 = __ballot_sync(0xffffffffu, w.x >= tf);
+            m1 = __ballot_sync(0xffffffffu, w.y >= tf);
+            m2 = __ballot_sync(0xffffffffu, w.z >= tf);
+            m3 = __ballot_sync(0xffffffffu, w.w >= tf);
+        } else {
+            uint2 w = make_uint2(0u, 0u);  // prefix 0 is below every number's
+            if (q < nq) w = reinterpret_cast<const uint2*>(l.stage)[q];
+            m0 = __ballot_sync(0xffffffffu, (w.x & 0xffffu) >= pt);
+            m1 = __ballot_sync(0xffffffffu, (w.x >> 16) >= pt);
+            m2 = __ballot_sync(0xffffffffu, (w.y & 0xffffu) >= pt);
+            m3 = __ballot_sync(0xffffffffu, (w.y >> 16) >= pt);
+        }
+        if ((m0 | m1 | m2 | m3) == 0) continue;  // (warp-uniform)
+        const u32 c0 = (u32)__popc(m0), c1 = (u32)__popc(m1), c2 = (u32)__popc(m2);
+        u32 slot = 0;
+        if (lane == 0) slot = atomicAdd(&sm.n_hits, c0 + c1 + c2 + (u32)__popc(m3));
+        slot = __shfl_sync(0xffffffffu, slot, 0);
+        const u32 pos = 4 * q;
+        u32 at = slot + (u32)__popc(m0 & lt);
+        if (((m0 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos;
+        slot += c0;
+        at = slot + (u32)__popc(m1 & lt);
+        if (((m1 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 1;
+        slot += c1;
+        at = slot + (u32)__popc(m2 & lt);
+        if (((m2 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 2;
+        slot += c2;
+        at = slot + (u32)__popc(m3 & lt);
+        if (((m3 >> lane) & 1u) && at < l.hit_cap) l.hits[at] = pos + 3;
+    }
+    __syncthreads();
+}
+
+// Counts the listed positions' bins (the list must be complete).
+template <bool kRaw>
+__device__ __forceinline__ void staged_count_hits(const StagedLayout& l) {
+    StagedSmem& sm = *l.sm;
+    const u32 n = sm.n_hits;
+    for (u32 j = threadIdx.x; j < n; j += TOPK_THREADS) {
+        const u32 pos = l.hits[j];
+        const u32 bin = kRaw ? staged_key(static_cast<const u32*>(l.stage)[pos]) >> 20
+                             : (u32) static_cast<const u16*>(l.stage)[pos] >> 4;
+        atomicAdd(&sm.hist[bin], 1u);
+    }
+    __syncthreads();
+}
+
+// Counts every staged key's bin (padding lands in bin 0).
+template <bool kRaw>
+__device__ __forceinline__ void staged_count_all(const StagedLayout& l, u32 npos) {
+    StagedSmem& sm = *l.sm;
+    const u32 nq = npos / 4;
+    for (u32 q = threadIdx.x; q < nq; q += TOPK_THREADS) {
+        u32 k[4];
+        if (kRaw) {
+            const uint4 w = reinterpret_cast<const uint4*>(l.stage)[q];
+            k[0] = staged_prefix(w.x);
+            k[1] = staged_prefix(w.y);
+            k[2] = staged_prefix(w.z);
+            k[3] = staged_prefix(w.w);
+        } else {
+            const uint2 w = reinterpret_cast<const uint2*>(l.stage)[q];
+            k[0] = w.x & 0xffffu;
+            k[1] = w.x >> 16;
+            k[2] = w.y & 0xffffu;
+            k[3] = w.y >> 16;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) atomicAdd(&sm.hist[k[j] >> 4], 1u);
+    }
+    __syncthreads();
+}
+
+// Sets sm.special when a bin at or above +inf's is counted; the next barrier
+// publishes it (call right before find_bin).
+__device__ __forceinline__ void staged_flag_special(StagedSmem& sm) {
+    if (threadIdx.x < 32) {
+        const bool s = threadIdx.x < STAGED_BINS - STAGED_FIRST_SPECIAL_BIN &&
+                       sm.hist[STAGED_FIRST_SPECIAL_BIN + threadIdx.x] != 0;
+        const u32 any = __ballot_sync(0xffffffffu, s);
+        if (threadIdx.x == 0) sm.special = any;
     }
 }
 
+__device__ __forceinline__ void staged_clear(StagedSmem& sm) {
+    for (u32 b = threadIdx.x; b < STAGED_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    if (threadIdx.x == 0) sm.n_hits = 0;
+    __syncthreads();
+}
+
+// Threshold bin b0 of the k-th key (sm.res_*) and the list of positions at or
+// above it (possibly also some below b0); false when the staged path cannot
+// decide.
+template <bool kRaw>
+__device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos, u32 k) {
+    StagedSmem& sm = *l.sm;
+    const u32 rank = (k >> 3) + (k >> 4) + 16;  // ~1.5 k/8 + 16 of the sample
+    find_bin(sm, STAGED_BINS, rank);
+    const bool guess = sm.res_total >= rank && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
+                       sm.res_bin < STAGED_FIRST_SPECIAL_BIN;
+    const u32 bs = sm.res_bin;
+    __syncthreads();  // every thread has read res_* before they change
+    if (guess) {
+        staged_clear(sm);
+        staged_list<kRaw>(l, npos, bs);
+        const bool complete = sm.n_hits <= l.hit_cap;
+        if (complete) staged_count_hits<kRaw>(l);
+        staged_flag_special(sm);
+        find_bin(sm, STAGED_BINS, k);
+        if (complete && sm.special == 0 && sm.res_total >= k) return true;
+        __syncthreads();
+    }
+    // The sample missed: count every staged key, then list the bins >= b0.
+    staged_clear(sm);
+    staged_count_all<kRaw>(l, npos);
+    staged_flag_special(sm);
+    find_bin(sm, STAGED_BINS, k);
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
+        sm.res_above + sm.res_cnt > l.hit_cap)
+        return false;
+    staged_list<kRaw>(l, npos, sm.res_bin);
+    return true;
+}
+
+// The k best of src to dest slots [0, k) when the staged path decides them;
+// otherwise the general path kPath over gsrc (the same candidates read from
+// global memory), which also covers k >= candidates and padding to pad_to.
+template <int U, bool kRaw, int kPath, class Src, class GSrc>
+__device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_to,
+                              const DestSink& dest, const TopkParams& p, u8* dsm) {
+    const StagedLayout l = staged_layout<kRaw>(dsm, p);
+    StagedSmem& sm = *l.sm;
+    const u32 npos = src.head_pad() + 4 * src.n_groups();
+    bool staged = npos <= p.stage_cap;
+    if (staged) {
+        staged_load<U, kRaw>(src, l);
+        staged = staged_threshold<kRaw>(l, npos, k);
+    }
+    if (!staged) {
+        __syncthreads();  // every thread is done with the staged state the general path overlays
+        select_general<kPath>(gsrc, k, pad_to, dest);
+        return;
+    }
+    const u32 b0 = sm.res_bin;
+    u32 need = k - sm.res_above;
+    // One round over the list: keys above b0 go out, b0's keys to the buffer.
+    const u32 nhits = min(sm.n_hits, l.hit_cap);
+    const u32 lo = b0 << 4, hi = (b0 + 1) << 4;
+    for (u32 base = 0; base < nhits; base += TOPK_THREADS) {
+        const u32 j = base + threadIdx.x;
+        const bool in = j < nhits;
+        u32 bits = 0, idx = 0, pre = 0;
+        if (in) {
+            const u32 pos = l.hits[j];
+            bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
+            idx = src.index_at(pos);
+            pre = staged_prefix(bits);
+        }
+        const bool above = in && pre >= hi;
+        const bool cand = in && pre >= lo && !above;
+        const u32 ma = __ballot_sync(0xffffffffu, above);
+        if (ma != 0) {
+            const u32 slot = warp_reserve(above, ma, &sm.out_n);
+            if (above) dest.emit(slot, __uint_as_float(bits), idx);
+        }
+        const u32 mc = __ballot_sync(0xffffffffu, cand);
+        if (mc != 0) {
+            const u32 c = warp_reserve(cand, mc, &sm.n_cand);
+            if (cand) {
+                l.cand_val[c] = bits;
+                l.cand_idx[c] = idx;
+            }
+        }
+    }
+    __syncthreads();
+    // Refine b0 on the 64-bit key, digits below the first (as select_topk_radix).
+    const u32 m = sm.n_cand;
+    u64 prefix = b0;
+    u32 shift = 52;
+    if (m != need) {
+        for (int lvl = 1; lvl < 6; ++lvl) {
+            const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
+            shift -= width;
+            const u32 nbins = 1u << width;
+            for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
+            __syncthreads();
+            for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
+                const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
+                if ((key >> (shift + width)) == prefix)
+                    atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
+            }
+            __syncthreads();
+            find_bin(sm, nbins, need);
+            prefix = (prefix << width) | sm.res_bin;
+            need -= sm.res_above;
+            if (sm.res_cnt == need) break;  // every key of this bin is in
+        }
+    }
+    for (u32 base = 0; base < m; base += TOPK_THREADS) {
+        const u32 j = base + threadIdx.x;
+        const bool in = j < m;
+        const u32 bits = in ? l.cand_val[j] : 0u, idx = in ? l.cand_idx[j] : 0u;
+        const bool sel = in && (staged_key64(bits, idx) >> shift) >= prefix;
+        const u32 ms = __ballot_sync(0xffffffffu, sel);
+        if (ms != 0) {
+            const u32 slot = warp_reserve(sel, ms, &sm.out_n);
+            if (sel) dest.emit(slot, __uint_as_float(bits), idx);
+        }
+    }
+}
+
+// Where a fold/merge writes: the next carry half, or the outputs on the last chunk.
+__device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const RowChunk& rc,
+                                              u32* pad_to) {
+    DestSink d;
+    d.to_output = rc.last;
+    d.out.idx = p.out_indices + (u64)r * p.topk;
+    d.out.scores = p.out_scores != nullptr ? p.out_scores + (u64)r * p.topk : nullptr;
+    d.out.pt_row = p.page_table + (u64)r * p.pt_row_stride;
+    d.out.physical = p.physical != 0;
+    d.out.pages = p.pages;
+    const u64 off = (u64)(p.chunk & 1) * p.carry_half_stride + (u64)r * p.topk;
+    d.val.v = p.carry_values + off;
+    d.val.i = p.carry_indices + off;
+    // The next chunk reads min(topk, live tokens so far) carry slots.
+    const u64 through = min((u64)rc.live, (u64)(p.chunk + 1) * p.chunk_len);
+    *pad_to = rc.last ? p.topk : (u32)min(through, (u64)p.topk);
+    return d;
+}
+
 // Grid (rows): carry + this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
-    __shared__ TopkSmem sm;
+template <int U, bool kRaw>
+__device__ __forceinline__ void topk_fold(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
-    DenseSource src;
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
-    src.cv = p.carry_values + cin;
-    src.ci = p.carry_indices + cin;
-    src.n_carry = rc.n_carry;
-    src.logits = p.logits + (u64)r * p.logits_row_stride;
-    src.idx0 = p.chunk * p.chunk_len;
-    src.n = rc.n_chunk;
-    select_to_dest<kRadix>(p, r, rc, src, sm);
+    DenseSource g;
+    g.cv = p.carry_values + cin;
+    g.ci = p.carry_indices + cin;
+    g.n_carry = rc.n_carry;
+    g.logits = p.logits + (u64)r * p.logits_row_stride;
+    g.idx0 = p.chunk * p.chunk_len;
+    g.n = rc.n_chunk;
+    const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
+    u32 pad_to;
+    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
-    __shared__ TopkSmem sm;
-    const u32 r = blockIdx.x, s = blockIdx.y;
+template <int U, bool kRaw>
+__device__ __forceinline__ void topk_slice(const TopkParams& p) {
+    const u32 r = blockIdx.x, sl = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
-    const u32 start = s * p.slice_len;
+    const u32 start = sl * p.slice_len;
     if (rc.n_chunk <= start) return;
-    DenseSource src;
-    src.cv = nullptr;
-    src.ci = nullptr;
-    src.n_carry = 0;
-    src.logits = p.logits + (u64)r * p.logits_row_stride + start;
-    src.idx0 = p.chunk * p.chunk_len + start;
-    src.n = min(rc.n_chunk - start, p.slice_len);
-    ValueSink sink;
-    const u64 off = ((u64)r * p.slices + s) * p.topk;
-    sink.v = p.part_values + off;
-    sink.i = p.part_indices + off;
-    select_topk<kWindowUnrolled>(src, p.topk, min(src.n, p.topk), sink, sm);
+    DenseSource g;
+    g.cv = nullptr;
+    g.ci = nullptr;
+    g.n_carry = 0;
+    g.logits = p.logits + (u64)r * p.logits_row_stride + start;
+    g.idx0 = p.chunk * p.chunk_len + start;
+    g.n = min(rc.n_chunk - start, p.slice_len);
+    const StagedDense s{nullptr, nullptr, 0u, g.logits, g.idx0, g.n};
+    DestSink d;
+    d.to_output = false;
+    const u64 off = ((u64)r * p.slices + sl) * p.topk;
+    d.val.v = p.part_values + off;
+    d.val.i = p.part_indices + off;
+    select_staged<U, kRaw, kWindowUnrolled>(s, g, p.topk, min(g.n, p.topk), d, p, topk_dsm);
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
-B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
-    __shared__ TopkSmem sm;
+template <int U, bool kRaw>
+__device__ __forceinline__ void topk_merge(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;
-    MergeSource src;
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
-    src.cv = p.carry_values + cin;
-    src.ci = p.carry_indices + cin;
-    src.n_carry = rc.n_carry;
-    src.pv = p.part_values + (u64)r * p.slices * p.topk;
-    src.pi = p.part_indices + (u64)r * p.slices * p.topk;
-    src.topk_shift = log2_pow2(p.topk);
-    src.slices = p.slices;
-    src.slice_len = p.slice_len;
-    src.n_chunk = rc.n_chunk;
-    select_to_dest<kWindowRolled>(p, r, rc, src, sm);
+    MergeSource g;
+    g.cv = p.carry_values + cin;
+    g.ci = p.carry_indices + cin;
+    g.n_carry = rc.n_carry;
+    g.pv = p.part_values + (u64)r * p.slices * p.topk;
+    g.pi = p.part_indices + (u64)r * p.slices * p.topk;
+    g.topk_shift = log2_pow2(p.topk);
+    g.slices = p.slices;
+    g.slice_len = p.slice_len;
+    g.n_chunk = rc.n_chunk;
+    const StagedMerge s{g.cv, g.ci, g.n_carry, g.pv, g.pi, g.topk_shift,
+                        g.slices, g.slice_len, g.n_chunk};
+    u32 pad_to;
+    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    select_staged<U, kRaw, kWindowRolled>(s, g, p.topk, pad_to, d, p, topk_dsm);
+}
+
+// One 1024-thread CTA per row / (row, slice); dynamic shared memory from
+// topk_shared_bytes (rust/cuda/src/indexer.rs). The fold and the slice stage
+// raw fp32 bits (one CTA per SM on a long row); fold_prefix stages 16-bit key
+// prefixes, so two CTAs share an SM and one's reads overlap the other's work.
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const TopkParams p) {
+    topk_fold<8, true>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2)
+    b12x_indexer_topk_fold_prefix(const TopkParams p) {
+    topk_fold<2, false>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
+    topk_slice<4, true>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
+    topk_merge<4, true>(p);
 }

@@ -1,16 +1,19 @@
 // Hopper (sm_90a) scorers: warpgroup MMAs (wgmma) for both routes.
 //
 // Same contract as indexer_decode.cu / indexer_prefill.cu (ScoreParams, the
-// logits chunk, the live-length rule, "not a candidate" for unmapped pages);
-// only the arithmetic engine differs. This module is built for compute_90a
-// and loads on sm_90 only; every other device keeps the compute_89 baseline.
+// logits chunk, the live-length rule, "not a candidate" for unmapped pages,
+// page ids bounded by the cache); only the arithmetic engine differs. This
+// module is built for compute_90a and loads on sm_90 only; every other device
+// keeps the compute_89 baseline.
 //
-// Why f16 and not the FP8 wgmma: Hopper's FP8 wgmma does not keep a full
-// fp32 accumulation (measured on an H200: logits off by ~2.5e-4 relative,
-// outside the fp32 reference's tolerance), while every e4m3 value is an f16
-// value and f16 wgmma products are exact with fp32 accumulation. So the FP8
-// bytes are widened to f16 on the way into the MMA: Q once per CTA, K per
-// page in registers.
+// Two flavors. The exact one (precision="exact", the default) widens the FP8
+// bytes to f16 on the way into an f16 wgmma: Q once per CTA, K per page in
+// registers; every e4m3 value is an f16 value, so the products are exact and
+// accumulate in fp32. The fast one (precision="fast", FP8 = true) feeds the
+// raw bytes to the e4m3 wgmma (m64nNk32): half the MMAs and no conversions,
+// but Hopper's FP8 wgmma does not keep a full fp32 accumulation (an H200
+// measured logits ~2.5e-4 relative off the fp32 reference; the contract is
+// 1e-3, documented with Caps).
 //
 // One CTA is one warpgroup (128 threads) owning ROWS query rows and a range
 // of page-table columns. The work is a sequence of units, a page's tokens
@@ -30,12 +33,17 @@
 // while another CTA runs its epilogue.
 //
 // The 128 dims are taken in a permuted order (any one permutation applied to
-// both operands leaves the dot product unchanged): logical dims 16s + 2t + e
-// and 16s + 8 + 2t + e (k step s, lane t = lane % 4, e = 0, 1) are bytes
-// 32t + 4s + e and 32t + 4s + 2 + e. Then the A fragment of step s is word s
-// of the lane's 32 bytes of a token row, widened by one cvt per half.
+// both operands leaves the dot product unchanged), chosen so that a lane's A
+// fragments are its own 32 bytes of a token row (lane t = lane % 4 holds
+// bytes 32t .. 32t + 31, words W0..W7):
+//   f16: logical dims 16s + 2t + e and 16s + 8 + 2t + e (k16 step s, e = 0, 1)
+//        are bytes 32t + 4s + e and 32t + 4s + 2 + e: the fragment of step s
+//        is word W_s widened by one cvt per half;
+//   FP8: logical dims 32s + 4t + i and 32s + 16 + 4t + i (k32 step s, i < 4)
+//        are words W_2s and W_2s+1: the fragment of step s is two raw words.
 #include "indexer_common.cuh"
 #include "wgmma_f16.cuh"
+#include "wgmma_fp8.cuh"
 
 #define WG_THREADS 128
 // K ring depth: decode is bound by HBM latency (deeper), prefill by the MMA.
@@ -43,6 +51,8 @@
 #define WG_PREFILL_STAGES 4
 #define WG_TILE_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // one K page, 8 KiB
 #define WG_PREFILL_ROWS 4
+// Resident prefill CTAs per SM (the launch bound; register-bound at 64 heads).
+#define WG_PREFILL_MIN_CTAS 2
 // Pages per software-pipelined window (the last unit of a window does not
 // overlap an MMA; longer windows waste more at the end of a CTA's range).
 // Decode takes one page per window, no overlap: its second set of registers
@@ -55,16 +65,17 @@
 // 128-byte swizzle repeats every 8 rows = 1024 bytes, and the matrix
 // descriptors assume atoms start on that boundary). The host sizes the
 // allocation with the same formula (rust/cuda/src/indexer.rs).
-//   K: the FP8 page ring; Q: f16 B operand, two halves of 64 dims, each
-//   [N rows][128 bytes]; then scales, weights and page ids.
-template <int NH, int ROWS>
+//   K: the FP8 page ring; Q: the B operand, [N rows][128 bytes] per part:
+//   f16 in two parts of 64 dims, FP8 in one; then scales, weights and page ids.
+template <int NH, int ROWS, bool FP8>
 struct WgSmem {
     static constexpr u32 N = ROWS * NH;
     static constexpr u32 STAGES = ROWS == 1 ? WG_DECODE_STAGES : WG_PREFILL_STAGES;
     static constexpr u32 K = 0;
     static constexpr u32 Q = K + STAGES * WG_TILE_BYTES;
     static constexpr u32 Q_HALF = N * 128;
-    static constexpr u32 SCALE = Q + 2 * Q_HALF;
+    static constexpr u32 Q_PARTS = FP8 ? 1 : 2;
+    static constexpr u32 SCALE = Q + Q_PARTS * Q_HALF;
     static constexpr u32 W = SCALE + STAGES * IDX_PAGE_ROWS * 4;
     // Weights by lane: lane t's columns 8j + 2t + e at [t][j][e], rows padded
     // by 2 pairs so the 4 lanes of a quad read distinct banks.
@@ -96,7 +107,7 @@ __device__ __forceinline__ u32 sw128(u32 row, u32 chunk) {
 
 // K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024
 // bytes apart (stride byte offset); the leading byte offset is unused when a
-// k step (16 f16 = 32 bytes) stays inside the swizzle width.
+// k step (16 f16 or 32 FP8 = 32 bytes) stays inside the swizzle width.
 __device__ __forceinline__ u64 wg_desc(u32 smem_byte_addr) {
     return (u64)((smem_byte_addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
            ((u64)1 << 62);
@@ -111,9 +122,8 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 // Starts the copy of one K page (tokens and scales) into ring stage `stage`;
 // an unmapped page copies nothing. Thread 0 records the page id for the
 // consumers (read after the barrier that follows the copy).
-template <int NH, int ROWS>
+template <class L>
 __device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u32 stage, i32 pid) {
-    using L = WgSmem<NH, ROWS>;
     const u32 tid = threadIdx.x;
     if (pid >= 0) {
         const u8* src = p.kcache + (u64)pid * p.page_stride;
@@ -128,14 +138,16 @@ __device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u3
     if (tid == 0) reinterpret_cast<i32*>(smem + L::PID)[stage] = pid;
 }
 
-// Q of the CTA's rows as the f16 B operand (see the permutation above): FP8
-// chunk i of a row (bytes 16i..16i+15: lane t = i / 2, steps 4(i % 2)..+3)
-// lands in half i % 2; its word w widens to the f16 pairs of logical dims
-// 16s + 2t (16-byte chunk 2w of the half row) and 16s + 8 + 2t (chunk 2w + 1),
-// s = 4(i % 2) + w, each at byte 4t of its chunk. Padded heads / rows are 0.
-template <int NH, int ROWS>
+// Q of the CTA's rows as the B operand (see the permutation above), from FP8
+// chunk i of a row (bytes 16i..16i+15: lane t = i / 2, its words 4(i % 2)..+3).
+//   f16: chunk i lands in half i % 2; its word w widens to the f16 pairs of
+//        logical dims 16s + 2t (16-byte chunk 2w of the half row) and
+//        16s + 8 + 2t (chunk 2w + 1), s = 4(i % 2) + w, each at byte 4t.
+//   FP8: its word w = W_j, j = 4(i % 2) + w, holds logical dims 16j + 4t ..
+//        + 3: byte 4t of logical chunk j.
+// Padded heads / rows are 0.
+template <int NH, class L, bool FP8>
 __device__ __forceinline__ void wg_stage_q(const ScoreParams& p, u8* smem, u32 row0) {
-    using L = WgSmem<NH, ROWS>;
 #pragma unroll 4
     for (u32 c = threadIdx.x; c < L::N * 8; c += WG_THREADS) {
         const u32 n = c >> 3, i = c & 7;
@@ -144,15 +156,22 @@ __device__ __forceinline__ void wg_stage_q(const ScoreParams& p, u8* smem, u32 r
         if (row < p.rows && h < p.heads)
             v = __ldg(reinterpret_cast<const uint4*>(p.q + ((u64)row * p.heads + h) * IDX_HEAD_DIM +
                                                      i * 16));
-        u8* half = smem + L::Q + (i & 1) * L::Q_HALF;
         const u32 t = i >> 1;
         const u32 words[4] = {v.x, v.y, v.z, v.w};
+        if constexpr (FP8) {
+            u8* q = smem + L::Q;
 #pragma unroll
-        for (u32 w = 0; w < 4; ++w) {
-            u32 lo, hi;
-            cvt_e4m3x4(words[w], lo, hi);
-            *reinterpret_cast<u32*>(half + sw128(n, 2 * w) + 4 * t) = lo;
-            *reinterpret_cast<u32*>(half + sw128(n, 2 * w + 1) + 4 * t) = hi;
+            for (u32 w = 0; w < 4; ++w)
+                *reinterpret_cast<u32*>(q + sw128(n, 4 * (i & 1) + w) + 4 * t) = words[w];
+        } else {
+            u8* half = smem + L::Q + (i & 1) * L::Q_HALF;
+#pragma unroll
+            for (u32 w = 0; w < 4; ++w) {
+                u32 lo, hi;
+                cvt_e4m3x4(words[w], lo, hi);
+                *reinterpret_cast<u32*>(half + sw128(n, 2 * w) + 4 * t) = lo;
+                *reinterpret_cast<u32*>(half + sw128(n, 2 * w + 1) + 4 * t) = hi;
+            }
         }
     }
 }
@@ -177,16 +196,26 @@ struct PageRegs {
     float scale_lo, scale_hi;  // scales of this lane's tokens t_lo and t_lo + 8
 };
 
-template <int NH, int ROWS, int SPLIT, int WINDOW>
+template <bool B, class T, class F>
+struct Pick {
+    using type = T;
+};
+template <class T, class F>
+struct Pick<false, T, F> {
+    using type = F;
+};
+
+template <int NH, int ROWS, int SPLIT, int WINDOW, bool FP8>
 __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     static_assert(WINDOW == 1 || WINDOW % 2 == 0, "windows start on even pages (buffer = parity)");
-    using L = WgSmem<NH, ROWS>;
+    using L = WgSmem<NH, ROWS, FP8>;
     constexpr int N = L::N;
     constexpr int UN = N / SPLIT;          // columns per unit
     constexpr int UROWS = ROWS / SPLIT;    // query rows per unit
     constexpr int UF = WINDOW * SPLIT;     // units per window
-    using Mma = WgmmaF16<UN>;
+    using Mma = typename Pick<FP8, WgmmaFp8<UN>, WgmmaF16<UN>>::type;
     constexpr int REGS = Mma::REGS;
+    constexpr int KSTEPS = FP8 ? 4 : 8;    // MMAs per unit (k32 or k16 over 128 dims)
 
     extern __shared__ __align__(16) u8 smem_raw[];
     u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -211,14 +240,35 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     if (page0 >= chunk_pages) return;  // CTA-uniform
     const u32 page_end = min(page0 + p.pages_per_cta, chunk_pages);
     const i32* pt = p.page_table + (u64)row0 * p.pt_row_stride + p.chunk_start / IDX_PAGE_ROWS;
+    // Page id of chunk page i (every page a CTA issues is live for one of its
+    // rows): an id past the cache is unmapped, reported for the first row
+    // that reaches it.
+    auto page_id = [&](u32 i) -> i32 {
+        const i32 pid = pt[i];
+        if (pid < 0 || idx_page_in_range(pid, p.pages)) return pid;
+        if (tid == 0) {
+            u32 first = 0;
+            bool found = false;
+#pragma unroll
+            for (int rr = 0; rr < ROWS; ++rr) {
+                if (!found && n_chunk[rr] > i * IDX_PAGE_ROWS) {
+                    first = rr;
+                    found = true;
+                }
+            }
+            idx_report_bad_page(p.status, row0 + first, p.chunk_start / IDX_PAGE_ROWS + i, pid,
+                                p.pages);
+        }
+        return -1;
+    };
 
-    // The first pages' copies run while Q is widened.
+    // The first pages' copies run while Q is staged.
 #pragma unroll
     for (u32 s = 0; s < L::STAGES - 1; ++s) {
-        if (page0 + s < page_end) wg_issue_page<NH, ROWS>(p, smem, s, pt[page0 + s]);
+        if (page0 + s < page_end) wg_issue_page<L>(p, smem, s, page_id(page0 + s));
         cp_async_commit();
     }
-    wg_stage_q<NH, ROWS>(p, smem, row0);
+    wg_stage_q<NH, L, FP8>(p, smem, row0);
     float* ws = reinterpret_cast<float*>(smem + L::W);
     for (u32 c = tid; c < N; c += WG_THREADS) {
         const u32 rr = c / NH, h = c % NH, row = row0 + rr;
@@ -237,7 +287,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const u32 q_base = smem_addr(smem + L::Q);
 
     float d[2][REGS];  // accumulators of two units in flight
-    u32 a[2][8][4];    // A fragments of two pages in flight
+    u32 a[2][KSTEPS][4];  // A fragments of two pages in flight
     PageRegs pr[2];
 
     // Waits for page i's copy, refills the stage the page before it used and
@@ -251,11 +301,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
-            wg_issue_page<NH, ROWS>(p, smem, (idx + L::STAGES - 1) % L::STAGES, pt[ahead]);
+            wg_issue_page<L>(p, smem, (idx + L::STAGES - 1) % L::STAGES, page_id(ahead));
         cp_async_commit();
         // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
-        // t_lo, t_lo + 8; word s widens to the fragment of k step s. An
-        // unmapped page multiplies stale bytes; its logits are not stored.
+        // t_lo, t_lo + 8 (f16: word s widens to the fragment of k step s;
+        // FP8: words 2s, 2s + 1 are it). An unmapped page multiplies stale
+        // bytes; its logits are not stored.
         const u8* ks = smem + L::K + stage * WG_TILE_BYTES;
         const uint4 r0a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig));
         const uint4 r0b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig + 1));
@@ -266,21 +317,29 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         // The MMAs that read a[B] (two pages back) are complete; keep the
         // compiler from moving these writes above the wait that said so.
 #pragma unroll
-        for (int s = 0; s < 8; ++s)
+        for (int s = 0; s < KSTEPS; ++s)
             asm volatile("" : "+r"(a[B][s][0]), "+r"(a[B][s][1]), "+r"(a[B][s][2]), "+r"(a[B][s][3])
                          :: "memory");
 #pragma unroll
-        for (int s = 0; s < 8; ++s) {
-            cvt_e4m3x4(w0[s], a[B][s][0], a[B][s][2]);
-            cvt_e4m3x4(w1[s], a[B][s][1], a[B][s][3]);
+        for (int s = 0; s < KSTEPS; ++s) {
+            if constexpr (FP8) {
+                a[B][s][0] = w0[2 * s];
+                a[B][s][1] = w1[2 * s];
+                a[B][s][2] = w0[2 * s + 1];
+                a[B][s][3] = w1[2 * s + 1];
+            } else {
+                cvt_e4m3x4(w0[s], a[B][s][0], a[B][s][2]);
+                cvt_e4m3x4(w1[s], a[B][s][1], a[B][s][3]);
+            }
         }
         pr[B].pid = pids[stage];
         pr[B].scale_lo = scales[stage * IDX_PAGE_ROWS + t_lo];
         pr[B].scale_hi = scales[stage * IDX_PAGE_ROWS + t_lo + 8];
     };
 
-    // Issues the eight k16 MMAs of one unit: page buffer P, accumulators D,
-    // columns [HALF * UN, +UN).
+    // Issues the KSTEPS MMAs of one unit (eight k16 or four k32): page buffer
+    // P, accumulators D, columns [HALF * UN, +UN). Each step reads 32 bytes
+    // of every Q row: f16 steps 4..7 from the second part.
     auto issue = [&](auto pc, auto dc, auto hc) {
         constexpr int P = decltype(pc)::value, D = decltype(dc)::value;
         constexpr int HALF = decltype(hc)::value;
@@ -288,7 +347,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         const u32 b = q_base + HALF * UN * 128;
         Mma::mma_first(d[D], a[P][0], wg_desc(b));
 #pragma unroll
-        for (int s = 1; s < 8; ++s)
+        for (int s = 1; s < KSTEPS; ++s)
             Mma::mma(d[D], a[P][s], wg_desc(b + (s >> 2) * L::Q_HALF + 32 * (s & 3)));
         wgmma_commit();
     };
@@ -364,14 +423,23 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     cp_async_wait<0>();  // nothing in flight at exit
 }
 
+// Per head count: exact (f16) and fast (FP8) scorers for both routes.
 #define WGMMA_KERNELS(HEADS)                                                        \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
-        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW>(p);                                 \
+        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW, false>(p);                          \
     }                                                                               \
-    B12X_KERNEL void __launch_bounds__(WG_THREADS, 2)                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \
         b12x_indexer_wgmma_prefill_h##HEADS(const ScoreParams p) {                  \
-        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW>(p);                  \
+        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW, false>(p);           \
+    }                                                                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
+        b12x_indexer_wgmma_fp8_decode_h##HEADS(const ScoreParams p) {               \
+        wg_score<HEADS, 1, 1, WG_DECODE_WINDOW, true>(p);                           \
+    }                                                                               \
+    B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \
+        b12x_indexer_wgmma_fp8_prefill_h##HEADS(const ScoreParams p) {              \
+        wg_score<HEADS, WG_PREFILL_ROWS, 2, WG_PREFILL_WINDOW, true>(p);            \
     }
 
 WGMMA_KERNELS(16)

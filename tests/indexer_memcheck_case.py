@@ -4,7 +4,9 @@
 
 Runs decode (one and several chunks, two-stage top-k, physical output, an
 unmapped page, a partial last page, len 0) and shared-table prefill through
-plan / bind / run, each once.
+plan / bind / run, each once; then each again with live page ids past the
+cache (one past the end and 2^31 - 1), which must be skipped without an
+out-of-bounds read and reported by ``Binding.check()``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import torch
 from b12x.attention import dsa_indexer as di
 from b12x.attention.dsa_indexer import reference as ref
+from b12x.errors import PageTableError
 
 
 def case(rows, heads, width, lengths, mode, seed):
@@ -53,7 +56,19 @@ def main() -> None:
         b = di.bind(plan, scratch=scratch, output_indices=out, output_scores=sc, **inputs)
         di.run(b)
         torch.cuda.synchronize()
-        print(f"{mode} supertile={plan.supertile_tokens} slices={plan.topk_slices}: ok")
+        b.check()
+        pages = inputs["index_k_cache"].shape[0]
+        row0 = inputs["page_table"][:1]  # the shared row of prefill, row 0 of decode
+        row0[0, 1] = pages  # one past the end, live
+        row0[0, 7] = 2**31 - 1
+        di.run(b)
+        try:
+            b.check()
+            raise SystemExit(f"{mode}: the page ids past the cache were not reported")
+        except PageTableError as e:
+            reported = str(e)
+        print(f"{mode} supertile={plan.supertile_tokens} slices={plan.topk_slices}: ok; "
+              f"{reported[:64]}...")  # fmt: skip
 
 
 if __name__ == "__main__":

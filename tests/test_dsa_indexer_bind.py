@@ -345,7 +345,7 @@ def test_weights_with_a_trailing_singleton_are_accepted(inputs, plan):
 def test_shared_table_only_in_prefill(inputs):
     prefill = di.plan(caps_for(inputs, TOPK, mode="prefill"))
     b = di.bind(prefill, **operands(inputs, prefill, page_table=shared_table(inputs)))
-    assert b.launch_args()["page_table_row_stride"] == 0 and b.route == "shared_prefill"
+    assert b.launch_args()["page_table_row_stride"] == 0 and b.route == "packed_contiguous"
     with pytest.raises(b12x.LayoutError, match=r"expected row-shared \(0, 1\) \(a prefill plan"):
         di.bind(prefill, **operands(inputs, prefill))
     # one query row is both shapes at once

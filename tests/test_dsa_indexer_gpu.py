@@ -2,15 +2,20 @@
 
 Grid of spec §9: heads 16/32/48/64, topk 512/1024/2048, len 0, len < topk, a
 partial last page, several supertile chunks, unmapped (-1) pages, a padded
-page stride, page ids whose byte offset passes 2^31, a shared page table
-against the same table expanded, physical output, the two-stage top-k, exact
-ties and NaN, every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
+page stride, page ids whose byte offset passes 2^31, page ids past the cache
+(unmapped, reported through check()), a shared page table against the same
+table expanded, physical output, the two-stage top-k, exact ties and NaN,
+every MMA flavor (scorer logits too), and CUDA-graph replay with rewritten
 metadata. Comparisons go through ``reference.assert_topk_equivalent``
 (tie-aware: index sets match except for near-ties at the boundary).
 """
 
 from __future__ import annotations
 
+import math
+import re
+
+import b12x
 import pytest
 import torch
 from b12x import _core
@@ -72,20 +77,25 @@ def make_case(
     }
 
 
-def plan_for(inputs, topk, *, mode="decode", space="logical", supertile=0):
+def plan_for(inputs, topk, *, mode="decode", space="logical", supertile=0, flavor=None):
+    """The interned plan, or with ``flavor`` an uncached plan whose scorers use
+    that MMA flavor (the test-only plan option)."""
     rows, heads, _ = inputs["q_fp8"].shape
-    return di.plan(
-        di.Caps(
-            device=inputs["q_fp8"].device,
-            num_q_heads=heads,
-            max_q_rows=rows,
-            max_page_table_width=inputs["page_table"].shape[1],
-            topk=topk,
-            mode=mode,
-            output_index_space=space,
-            supertile_tokens=supertile,
-        )
+    caps = di.Caps(
+        device=inputs["q_fp8"].device,
+        num_q_heads=heads,
+        max_q_rows=rows,
+        max_page_table_width=inputs["page_table"].shape[1],
+        topk=topk,
+        mode=mode,
+        output_index_space=space,
+        supertile_tokens=supertile,
     )
+    if flavor is None:
+        return di.plan(caps)
+    plan = _core.indexer_build_plan(caps, mma_flavor=flavor)
+    assert plan.mma_flavor == flavor and f"mma_flavor={flavor}" in repr(plan)
+    return plan
 
 
 def bind_for(plan, inputs, *, scores=True):
@@ -215,10 +225,29 @@ def test_negative_weights_and_nan_logits():
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
 
 
-def device_flavors():
-    """The MMA flavors this device runs: 1 = e4m3 mma.sync (native on sm_89 /
-    sm_120, driver-emulated on sm_90), 2 = f16 mma.sync, 3 = wgmma (sm_90 only)."""
-    return (1, 2, 3) if torch.cuda.get_device_capability() == (9, 0) else (1, 2)
+def device_flavors(*, fast=False):
+    """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
+    sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only); with
+    ``fast`` also the fast one (wgmma_fp8, sm_90 only)."""
+    if torch.cuda.get_device_capability() == (9, 0):
+        return ("e4m3", "f16", "wgmma") + (("wgmma_fp8",) if fast else ())
+    return ("e4m3", "f16")
+
+
+def logit_magnitude(inputs):
+    """``scale * sum_h |w_h| * |q_h . k|`` per (row, position): what the fast
+    precision's 1e-3 is relative to (``|logit|`` itself when no term is negative)."""
+    q = inputs["q_fp8"].float()
+    rows, heads, _ = q.shape
+    w = inputs["query_weights"].reshape(rows, heads).float().abs()
+    cache, table = inputs["index_k_cache"], inputs["page_table"]
+    k_all, s_all = ref.unpack_index_k_cache(cache)
+    out = torch.zeros(rows, table.shape[1] * PAGE, device=q.device)
+    for r in range(rows):
+        pids = table[r].long().clamp(0, cache.shape[0] - 1)
+        k = k_all[pids].float().reshape(-1, 128)
+        out[r] = (q[r] @ k.T).abs().mul(w[r, :, None]).sum(0) * s_all[pids].reshape(-1).abs()
+    return out
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
@@ -232,27 +261,23 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
     expected = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
     limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
-    plan = plan_for(inputs, 512, mode=mode, supertile=1024)  # one chunk
-    try:
-        for flavor in device_flavors():
-            _core._indexer_force_mma_flavor(flavor)
-            b, _, _ = bind_for(plan, inputs)
-            di.run(b)
-            torch.cuda.synchronize()
-            got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
-            for r in range(rows):
-                live = slice(0, limits[r])
-                c = cand[r, live]
-                g, e = got[r, live], expected[r, live]
-                bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
-                assert not bool(bad.any()), (
-                    f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
-                    f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
-                )
-                skipped = g[~c].view(torch.int32)
-                assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
-    finally:
-        _core._indexer_force_mma_flavor(0)
+    for flavor in device_flavors():
+        plan = plan_for(inputs, 512, mode=mode, supertile=1024, flavor=flavor)  # one chunk
+        b, _, _ = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+        for r in range(rows):
+            live = slice(0, limits[r])
+            c = cand[r, live]
+            g, e = got[r, live], expected[r, live]
+            bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
+            assert not bool(bad.any()), (
+                f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
+                f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
+            )
+            skipped = g[~c].view(torch.int32)
+            assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
 
 
 @pytest.mark.parametrize("heads", [16, 48, 64])
@@ -263,15 +288,129 @@ def test_every_mma_flavor(heads):
     lengths[0] = 0
     decode = make_case(rows, heads, width, lengths, seed=heads + 1)
     prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
-    try:
-        for flavor in device_flavors():
-            _core._indexer_force_mma_flavor(flavor)
-            _, out, sc = run_case(decode, 512, supertile=1024)
-            check(decode, 512, out, sc)
-            _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024)
-            check(prefill, 512, out, sc)
-    finally:
-        _core._indexer_force_mma_flavor(0)
+    for flavor in device_flavors():
+        _, out, sc = run_case(decode, 512, supertile=1024, flavor=flavor)
+        check(decode, 512, out, sc)
+        _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024, flavor=flavor)
+        check(prefill, 512, out, sc)
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
+    # No fault, never selected, and the first one readable through check().
+    rows, width = 5, 24
+    lengths = [width * PAGE, 900, 0, 700, 1200]
+    inputs = make_case(rows, 64, width, lengths, mode=mode, seed=37)
+    pages = inputs["index_k_cache"].shape[0]
+    table = inputs["page_table"]
+    base = table[:1] if mode == "prefill" else table
+    bad = {(0, 5): pages, (0, 11): 2**31 - 1}  # one past the end; 18 TB past the base
+    if mode == "decode":
+        bad[(1, 2)] = pages + 7
+        base[2, 0] = pages + 1  # row 2 has no live token: never read, never reported
+        base[3, 13] = 2**30  # past row 3's 700 tokens (11 columns): never read
+    for (r, c), pid in bad.items():
+        base[r, c] = pid
+    live = {
+        (r, c)
+        for r in range(rows)
+        for c in range(width)
+        if int(table[r, c]) >= pages and c * PAGE < lengths[r]
+    }
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
+    logits = ref.paged_logits(**inputs)
+    di.check("cuda")  # no earlier test left a record
+    for flavor in device_flavors(fast=True):
+        # the fast flavor's logits are not the reference's: check only that every
+        # selected index is a candidate (the near-tie tolerance covers the rest)
+        tol = {} if flavor != "wgmma_fp8" else {"tie_atol": math.inf, "score_atol": math.inf}
+        for space in ("logical", "physical"):
+            plan = plan_for(inputs, 512, mode=mode, space=space, supertile=1024, flavor=flavor)
+            b, out, sc = bind_for(plan, inputs)
+            di.run(b)
+            torch.cuda.synchronize()
+            ref.assert_topk_equivalent(
+                out, sc, logits, cand, 512, page_table=table, index_space=space, **tol
+            )
+            if space == "physical":
+                assert int(out.max()) < pages * PAGE
+            with pytest.raises(b12x.PageTableError) as e:
+                b.check()
+            m = re.match(
+                r"run: page_table\[(\d+), (\d+)\] expected a page id in \[0, (\d+)\) "
+                r"\(the pages of index_k_cache\) or negative \(unmapped\), got (\d+)",
+                str(e.value),
+            )
+            assert m, str(e.value)
+            row, col, bound, pid = (int(g) for g in m.groups())
+            assert (row, col) in live and bound == pages and pid == int(table[row, col])
+            b.check()  # cleared
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+@pytest.mark.parametrize("heads", [16, 64])
+def test_fast_precision_keeps_its_contract(mode, heads):
+    # precision="fast": logits within 1e-3 of the fp32 reference relative to
+    # their magnitude; the selected set equal to the reference's except for
+    # indices within that tolerance of the k-th value (both sides may move).
+    rows, width, topk = 9, 40, 512
+    lengths = [width * PAGE - 37 * i for i in range(rows)]
+    inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 5)], seed=41 + heads)
+    caps = di.Caps(
+        device="cuda",
+        num_q_heads=heads,
+        max_q_rows=rows,
+        max_page_table_width=width,
+        topk=topk,
+        mode=mode,
+        precision="fast",
+    )
+    plan = di.plan(caps)
+    exact = plan_for(inputs, topk, mode=mode)
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert plan.precision == "fast" and exact.precision == "exact"
+    assert plan.mma_flavor == ("wgmma_fp8" if hopper else exact.mma_flavor)
+    assert "precision=fast, mma_flavor=" + plan.mma_flavor in repr(plan)
+    assert plan.max_chunks == 1  # the logits region holds every position
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    torch.cuda.synchronize()
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
+    mag = logit_magnitude(inputs)
+    got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+    worst = 0.0
+    for r in range(rows):
+        c = cand[r, : lengths[r]]
+        g, e, m = got[r, : lengths[r]][c], expected[r, : lengths[r]][c], mag[r, : lengths[r]][c]
+        err = (g - e).abs()
+        worst = max(worst, float((err / m.clamp(min=1e-30)).max()))
+        assert bool((err <= 1e-3 * m).all()), f"row {r}: {float((err / m).max()):.2e} relative"
+        tol = 1e-3 * float(m.max())
+        ref.assert_topk_equivalent(
+            out[r : r + 1], sc[r : r + 1], expected[r : r + 1], cand[r : r + 1], topk,
+            tie_atol=2 * tol, tie_rtol=0.0, score_atol=tol,
+        )  # fmt: skip
+    print(f"{plan.mma_flavor}: worst logit error {worst:.2e} of its magnitude")
+
+
+def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
+    # the benchmark's topk_only arm: the top-k stage alone, on a full run's logits
+    inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=43)
+    plan = plan_for(inputs, 512)
+    assert plan.max_chunks == 1 and not plan.topk_only
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    stage = _core.indexer_build_plan(plan.caps, topk_only=True)
+    assert stage.topk_only and repr(stage).endswith(", topk_only=true)")
+    out2 = torch.full_like(out, 7777)
+    sc2 = torch.full_like(sc, float("nan"))
+    b2 = di.bind(stage, scratch=b.scratch, output_indices=out2, output_scores=sc2, **inputs)
+    di.run(b2)
+    torch.cuda.synchronize()
+    check(inputs, 512, out2, sc2)
+    assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
+    assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
 
 
 def test_run_without_scores():

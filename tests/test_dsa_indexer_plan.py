@@ -107,7 +107,7 @@ def test_uncached_build_makes_a_new_plan_every_call():
 def test_routes_follow_the_mode():
     d, p = di.plan(caps()), di.plan(caps(mode="prefill"))
     assert (d.route, d.mode, d.shared_page_table) == ("paged_decode", "decode", False)
-    assert (p.route, p.mode, p.shared_page_table) == ("shared_prefill", "prefill", True)
+    assert (p.route, p.mode, p.shared_page_table) == ("packed_contiguous", "prefill", True)
     assert p.layout.route == p.route
 
 

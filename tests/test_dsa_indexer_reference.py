@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import struct
 
+import b12x
 import pytest
 import torch
 from b12x.attention.dsa_indexer import reference as ref
@@ -31,7 +32,7 @@ def brute_logits(inputs) -> list[dict[int, float]]:
         row = {}
         for col in range(-(-limit // 64)):
             pid = int(table[r, col])
-            if pid < 0:
+            if pid < 0 or pid >= cache.shape[0]:  # unmapped, or past the cache
                 continue
             page = cache[pid]
             k = page[:8192].clone().view(torch.float8_e4m3fn).float().view(64, 128)
@@ -63,7 +64,10 @@ def assert_same_floats(a: list[float], b: list[float]) -> None:
 
 def check_against_brute(inputs, topk=TOPK, index_space="logical"):
     logits = ref.paged_logits(**inputs)
-    mask = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    pages = inputs["index_k_cache"].shape[0]
+    mask = ref.candidate_mask(
+        inputs["page_table"], inputs["cache_lengths"], inputs["active_width"], pages=pages
+    )
     brute = brute_logits(inputs)
     for r, row in enumerate(brute):
         assert set(row) == set(mask[r].nonzero().flatten().tolist())
@@ -120,8 +124,10 @@ def test_padded_page_stride():
     assert int(full[:, 8448:].count_nonzero()) == 0
     k2, s2 = ref.unpack_index_k_cache(cache)
     assert torch.equal(k2.view(torch.uint8), k_fp8.view(torch.uint8)) and torch.equal(s2, scales)
-    with pytest.raises(ValueError, match="page_stride expected >= 8448"):
+    with pytest.raises(b12x.ConfigError, match="pack_index_k_cache: page_stride expected >= 8448"):
         ref.pack_index_k_cache(k_fp8, scales, page_stride=8000)
+    with pytest.raises(b12x.ShapeError, match=r"k_fp8 expected shape \(4, 64, 128\)"):
+        ref.pack_index_k_cache(k_fp8[:, :32], scales)
 
 
 # --- the whole op against brute force ------------------------------------------------------
@@ -174,11 +180,21 @@ def test_multiple_chunks():
     check_against_brute(inputs)
 
 
-def test_page_ids_past_the_cache_are_an_error():
-    inputs = make_inputs(rows=1, heads=1, width=2, lengths=[100], pages=2)
-    inputs["page_table"][0, 1] = 2
-    with pytest.raises(ValueError, match=r"page_table\[0\] holds page id 2, past the 2 pages"):
-        ref.paged_logits(**inputs)
+def test_page_ids_past_the_cache_are_unmapped_and_reported():
+    inputs = make_inputs(rows=3, heads=2, width=4, lengths=[200, 250, 64], pages=8)
+    table = inputs["page_table"]
+    table[0, 1] = 8  # one past the end, live
+    table[1, 3] = 2**31 - 1  # far past, live (250 tokens reach column 3)
+    table[2, 2] = 9  # past the end but beyond the row's length: never read
+    idx, _ = check_against_brute(inputs)
+    assert not ((idx[0] >= 64) & (idx[0] < 128)).any()
+    assert int((idx[1] >= 0).sum()) == 192  # 250 live tokens minus column 3's 58
+    fault = ref.first_page_fault(table, inputs["cache_lengths"], inputs["active_width"], 8)
+    assert fault == (0, 1, 8)
+    table[0, 1] = 3
+    assert ref.first_page_fault(table, inputs["cache_lengths"], None, 8) == (1, 3, 2**31 - 1)
+    table[1, 3] = 0
+    assert ref.first_page_fault(table, inputs["cache_lengths"], None, 8) is None
 
 
 # --- the order: ties, signed zeros, NaN ----------------------------------------------------

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 
+import b12x
 import pytest
 import torch
 from b12x import _core
 from b12x import cuda as b12x_cuda
 from b12x.attention import dsa_indexer as di
 from b12x.attention.dsa_indexer import reference as ref
+from b12x.errors import PageTableError
 from dsa_indexer_cases import bind_all, caps_for, make_inputs, outputs
 
 TOPK = 512
@@ -201,8 +203,44 @@ def test_run_is_a_direct_forward_into_the_extension():
         di.run(object())
 
 
-def test_is_supported_needs_wired_kernels_and_a_gpu():
-    if not _core.INDEXER_KERNELS_WIRED or not b12x_cuda.is_available():
+def test_cpu_page_ids_past_the_cache_are_unmapped_and_checked():
+    inputs = make_inputs(rows=3, heads=2, width=4, lengths=[200, 250, 0], pages=8)
+    table = inputs["page_table"]
+    table[1, 3] = 2**31 - 1  # live (250 tokens reach column 3)
+    table[0, 1] = 8  # one past the end, live
+    table[2, 0] = 9  # row 2 has no live token: never read, never reported
+    plan = di.plan(caps_for(inputs, TOPK, output_index_space="physical"))
+    out, scores = outputs(3, TOPK)
+    b = bind_all(plan, inputs, out, scores)
+    di.check("cpu")  # nothing recorded yet
+    di.run(b)
+    logits = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], None, pages=8)
+    assert not bool(cand[0, 64:128].any()) and not bool(cand[1, 192:256].any())
+    ref.assert_topk_equivalent(
+        out, scores, logits, cand, TOPK, page_table=table, index_space="physical"
+    )
+    assert int(out.max()) < 8 * 64  # physical indices only name real pages
+    di.run(b)  # a second run does not overwrite the first record
+    with pytest.raises(
+        PageTableError,
+        match=r"run: page_table\[0, 1\] expected a page id in \[0, 8\) \(the pages of "
+        r"index_k_cache\) or negative \(unmapped\), got 8",
+    ):
+        b.check()
+    b.check()  # the record was cleared
+    table[0, 1] = 0
+    di.run(b)
+    with pytest.raises(ValueError, match=r"page_table\[1, 3\] .* got 2147483647"):
+        di.check("cpu")
+    with pytest.raises(b12x.DeviceError, match="check: device expected 'cpu', 'cuda'"):
+        di.check("gpu:0")
+    with pytest.raises(b12x.DeviceError, match="expected a cpu or cuda device, got meta"):
+        di.check("meta")
+
+
+def test_is_supported_needs_a_gpu():
+    if not b12x_cuda.is_available():
         assert di.is_supported() is False
     else:
         major, minor = _core.device_info(0)["compute_capability"]

@@ -1,11 +1,14 @@
-"""The launch chain on a real GPU: eager, and inside a CUDA graph with replay."""
+"""The launch chain on a real GPU: kernels load at plan time, runs enqueue on torch's
+current stream (a side stream too), and a launch on an unloaded device is refused."""
 
 from __future__ import annotations
 
-import b12x
 import pytest
 import torch
 from b12x import _core, cuda
+from b12x.attention import dsa_indexer as di
+from b12x.attention.dsa_indexer import reference as ref
+from dsa_indexer_cases import bind_all, caps_for, make_inputs, outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -16,48 +19,32 @@ def test_kernels_load_once_per_device():
     cuda.load_kernels(0)  # idempotent
 
 
-def test_fill_topk_padding_eager():
-    cuda.load_kernels(0)
-    idx = torch.randint(0, 100, (33, 512), dtype=torch.int32, device="cuda")
-    sc = torch.randn(33, 512, device="cuda")
-    cuda.fill_topk_padding(idx, sc)
-    torch.cuda.synchronize()
-    assert bool((idx == -1).all())
-    assert bool(torch.isneginf(sc).all())
+def test_a_plan_loads_the_kernels_and_resolves_its_flavor():
+    inputs = make_inputs(rows=2, heads=16, width=4, lengths=[200, 100], device="cuda")
+    plan = di.plan(caps_for(inputs, 512))
+    assert _core.kernels_loaded(torch.cuda.current_device())
+    major, minor = torch.cuda.get_device_capability()
+    expected = {(9, 0): "wgmma", (8, 9): "e4m3"}.get(
+        (major, minor), "e4m3" if major == 12 else "f16"
+    )
+    assert plan.mma_flavor == expected and f"mma_flavor={expected}" in repr(plan)
 
 
-def test_fill_topk_padding_on_a_side_stream_and_without_scores():
-    cuda.load_kernels(0)
-    idx = torch.zeros(7, 1024, dtype=torch.int32, device="cuda")
+def test_run_enqueues_on_a_side_stream():
+    inputs = make_inputs(rows=3, heads=32, width=6, lengths=[300, 64, 0], device="cuda")
+    plan = di.plan(caps_for(inputs, 512))
+    out, scores = outputs(3, 512, device="cuda")
+    b = bind_all(plan, inputs, out, scores)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        cuda.fill_topk_padding(idx)
+        di.run(b)
     s.synchronize()
-    assert bool((idx == -1).all())
+    logits = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    ref.assert_topk_equivalent(out, scores, logits, cand, 512)
 
 
-def test_fill_topk_padding_graph_capture_and_replay():
+def test_the_status_word_reads_clean_without_a_run():
     cuda.load_kernels(0)
-    idx = torch.zeros(64, 512, dtype=torch.int32, device="cuda")
-    sc = torch.zeros(64, 512, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cuda.fill_topk_padding(idx, sc)
-    idx.fill_(7)
-    sc.fill_(1.0)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert bool((idx == -1).all())
-    assert bool(torch.isneginf(sc).all())
-
-
-def test_bad_operands_are_rejected_before_launch():
-    cuda.load_kernels(0)
-    with pytest.raises(b12x.DTypeError, match="indices expected dtype int32"):
-        cuda.fill_topk_padding(torch.zeros(4, 4, dtype=torch.int64, device="cuda"))
-    idx = torch.zeros(4, 4, dtype=torch.int32, device="cuda")
-    with pytest.raises(b12x.ShapeError, match=r"scores expected shape \(4, 4\)"):
-        cuda.fill_topk_padding(idx, torch.zeros(4, 5, device="cuda"))
-    with pytest.raises(b12x.LayoutError):
-        cuda.fill_topk_padding(torch.zeros(4, 8, dtype=torch.int32, device="cuda")[:, ::2])
+    di.check(0)  # syncs, reads the device's page-fault record: nothing recorded

@@ -9,6 +9,7 @@ parser).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 
@@ -251,14 +252,35 @@ def test_capture_enters_the_runtime_and_restores_state(pcie):
     assert len(runtime.calls) == 1
 
 
-def test_capture_without_declarations_is_refused(pcie):
+def test_capture_with_nothing_declared_is_a_no_op(pcie, caplog):
+    # vLLM enters capture() for every TP group at every graph capture, declared or not
     comm, runtime = comm_with()
-    with pytest.raises(b12x.UndeclaredPlanError, match="declared plans expected"), comm.capture():
-        pass
-    assert runtime.captures == 0
+    with caplog.at_level(logging.INFO, logger=allreduce_mod.logger.name), comm.capture():
+        assert not comm._capturing
+        assert comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16)) is None
+    assert runtime.captures == 0 and runtime.calls == []
+    assert "nothing declared at graph capture" in caplog.text
     disabled = PcieAllReduce(device=CPU, limits=object())
-    with disabled.capture():  # no runtime: a no-op
+    with disabled.capture(stream=None):  # no runtime: a no-op too
         pass
+
+
+def test_capture_accepts_the_capture_stream(pcie, monkeypatch):
+    entered = []
+
+    def stream_scope(stream):
+        entered.append(stream)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "stream", stream_scope)
+    comm, runtime = comm_with()
+    comm.declare([inv(pcie, "m", (2, 4))])
+    stream = object()
+    with comm.capture(stream=stream):
+        assert runtime.in_capture
+    with comm.capture():
+        pass
+    assert entered == [stream] and runtime.captures == 2
 
 
 def test_fused_fallback_matches_all_reduce_then_add_rms_norm(pcie):
@@ -451,3 +473,109 @@ def test_close_forgets_everything_and_is_idempotent(pcie):
     assert runtime.closed == 1
     assert comm.disabled and not comm.should_custom_ar(x) and not comm.has_plan_for(x)
     assert comm._plans == {} and comm._invocations == {} and len(comm._index) == 0
+
+
+# --- declarations derived from a vLLM config ----------------------------------------------
+
+
+def serving_config(hidden=256, dtype=torch.bfloat16, max_tokens=64, sizes=(1, 2, 4, 128)):
+    """The attributes of vllm.config.VllmConfig that the derivation reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        model_config=SimpleNamespace(get_hidden_size=lambda: hidden, dtype=dtype),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_tokens),
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=list(sizes)),
+    )
+
+
+def test_serving_shapes_cover_eager_counts_and_capture_sizes():
+    from b12x.integration.vllm.declarations import ServingShapes
+
+    shapes = ServingShapes.from_vllm_config(serving_config(sizes=(8, 4, 128, 0)))
+    assert shapes.hidden_size == 256 and shapes.dtype == torch.bfloat16
+    assert shapes.cudagraph_capture_sizes == (4, 8, 128)
+    assert shapes.token_counts(512, 1 << 20) == [*range(1, 65), 128]
+    assert shapes.token_counts(512, 512 * 10) == list(range(1, 11))  # bounded by bytes
+    assert shapes.token_counts(512, 100) == []
+    from types import SimpleNamespace
+
+    assert ServingShapes.from_vllm_config(SimpleNamespace(model_config=None)) is None
+
+
+def test_auto_declarations_route_through_the_runtime_rules(pcie):
+    from b12x.integration.vllm.declarations import AutoDeclarations, ServingShapes
+
+    limits = runtime_module.Limits(oneshot_max=8 << 10, fused_max=2 << 10, twoshot_max=0)
+    auto = AutoDeclarations(ServingShapes.from_vllm_config(serving_config()), limits)
+    comm = PcieAllReduce(device=CPU, world_size=2, limits=limits)
+    comm.register_describer(auto, auto.describe)
+    routes = comm.prepare()
+    assert len(routes) == 16  # 512-byte rows under an 8 KiB one-shot ceiling
+    assert comm.has_plan_for(torch.empty((16, 256), dtype=torch.bfloat16))
+    assert not comm.has_plan_for(torch.empty((17, 256), dtype=torch.bfloat16))
+    assert not comm.has_plan_for(torch.empty((4, 256), dtype=torch.float32))
+
+    weight = torch.ones(256, dtype=torch.bfloat16)
+    assert not auto.pending
+    declared, new = auto.norm(weight.data, 1e-6)  # vLLM passes weight.data: a new alias
+    assert new and declared is not weight and auto.pending
+    assert auto.norm(weight.data, 1e-6) == (declared, False)
+    assert auto.norm(weight, 1e-5)[1]  # another epsilon, another declaration
+    assert auto.norm_count == 2
+    routes = comm.prepare()
+    fused = [n for n, r in routes.items() if r == "oneshot_fused"]
+    assert len(fused) == 2 * 4  # 2 KiB fused ceiling: 4 rows per norm
+    x = torch.empty((4, 256), dtype=torch.bfloat16)
+    assert comm.has_plan_for(x, FUSED, declared, 1e-6)
+    assert not comm.has_plan_for(x, FUSED, weight, 1e-6)  # the index keys the declared object
+
+
+def test_auto_declarations_refuse_what_they_cannot_declare(monkeypatch):
+    from b12x.integration.vllm import declarations
+    from b12x.integration.vllm.declarations import AutoDeclarations, ServingShapes
+
+    auto = AutoDeclarations(
+        ServingShapes.from_vllm_config(serving_config()), runtime_module.Limits()
+    )
+    assert auto.norm(torch.ones(256), 1e-6) == (None, False)  # not the model dtype
+    assert auto.norm(torch.ones(2, 128, dtype=torch.bfloat16), 1e-6) == (None, False)
+    assert auto.norm(torch.ones(256, dtype=torch.bfloat16), -1.0) == (None, False)
+    monkeypatch.setattr(declarations, "MAX_NORMS", 2)
+    kept = [torch.ones(256, dtype=torch.bfloat16) for _ in range(3)]
+    assert [auto.norm(w, 1e-6)[1] for w in kept] == [True, True, False]  # bounded
+    assert auto.norm_count == 2
+
+
+def test_fused_probe_and_separate_output(pcie):
+    comm, runtime = comm_with()
+    assert comm.supports_fused_add_rms_norm()
+    weight = torch.ones(4, dtype=torch.float32)
+    comm.declare([inv(pcie, "f", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6)])
+    x, residual = torch.ones((2, 4)), torch.zeros((2, 4))
+    out = torch.empty_like(x)
+    assert comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, out)
+    assert runtime.calls == [("fused", (x, residual, weight, 1e-6, out, None))]
+    assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, out.half())
+    assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, torch.empty((4, 2)).t())
+    off = PcieAllReduce(device=CPU, runtime=FakeRuntime(limits=runtime_module.Limits(fused_max=0)))
+    assert not off.supports_fused_add_rms_norm()
+    assert not PcieAllReduce(device=CPU, limits=object()).supports_fused_add_rms_norm()
+
+
+def test_the_fused_op_traces_with_its_fake_implementation():
+    from b12x.integration.vllm import fused_op  # noqa: F401 (registers torch.ops.b12x)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(x, residual, weight):
+        return torch.ops.b12x.fused_all_reduce_add_rms_norm(x, residual, weight, 1e-6)
+
+    args = (torch.ones(3, 64), torch.ones(3, 64), torch.ones(64))
+    graph = make_fx(step, tracing_mode="fake")(*args)
+    targets = [node.target for node in graph.graph.nodes if node.op == "call_function"]
+    assert torch.ops.b12x.fused_all_reduce_add_rms_norm.default in targets
+    # the op's schema says what vLLM's functionalization needs: residual is mutated
+    schema = torch.ops.b12x.fused_all_reduce_add_rms_norm.default._schema
+    assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == [
+        "residual"
+    ]

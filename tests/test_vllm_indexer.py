@@ -284,7 +284,7 @@ def test_equal_geometry_shares_one_plan_across_calls(module, workspace):
     [
         ({"skip_k_cache_insert": False}, "skip_k_cache_insert expected True"),
         ({"use_fp4_cache": True}, "use_fp4_cache expected False"),
-        ({"compress_ratio": 1}, "compress_ratio expected 4, got 1"),
+        ({"compress_ratio": 128}, r"compress_ratio expected one of \(1, 4\), got 128"),
         ({"head_dim": 64}, "head_dim expected 128, got 64"),
         ({"topk_indices_buffer": None}, "topk_indices_buffer expected"),
     ],
@@ -369,33 +369,30 @@ def test_forward_rejects_what_it_cannot_serve(module, monkeypatch):
     with pytest.raises(b12x.ConfigError, match="k expected None"):
         indexer(None, q, torch.empty(1), w)
 
-    metadata.prefill.chunks[0].num_reqs = 2
-    with pytest.raises(b12x.ConfigError, match="prefill chunk expected 1 request"):
-        indexer(None, q, None, w)
-
     metadata.prefill = None
-    metadata.decode.requires_padding = True
-    with pytest.raises(b12x.ConfigError, match="decode rows expected unpadded"):
-        indexer(None, q, None, w)
-
-    metadata.decode.requires_padding = False
     metadata.decode.seq_lens = torch.tensor([70, 71, 72], dtype=torch.int32)
+    metadata.decode.block_table = torch.zeros((1, 3), dtype=torch.int32)
+    with pytest.raises(
+        b12x.ShapeError, match=r"one row per decode token \(2\) or per block_table row \(1\)"
+    ):
+        indexer(None, q, None, w)
     metadata.decode.block_table = torch.zeros((2, 3), dtype=torch.int32)
-    with pytest.raises(b12x.ShapeError, match="multiple of the 2 page-table rows, got 3"):
+    metadata.decode.seq_lens = torch.tensor([[70, 71, 72], [5, 6, 7]], dtype=torch.int32)
+    with pytest.raises(b12x.ShapeError, match=r"expected 2 tokens \(2 requests x 3\)"):
         indexer(None, q, None, w)
 
 
 def test_prefill_plan_on_another_route_is_refused(monkeypatch, workspace):
     def plan(caps):
         real = dsa_indexer.plan(caps)
-        return SimpleNamespace(route="packed_contiguous", shapes_and_dtypes=real.shapes_and_dtypes)
+        return SimpleNamespace(route="shared_prefill", shapes_and_dtypes=real.shapes_and_dtypes)
 
     monkeypatch.setattr(
         indexer_mod, "_dsa_indexer", lambda: fakes.module_copy(dsa_indexer, plan=plan)
     )
     indexer = make_indexer()
     with pytest.raises(
-        b12x.ConfigError, match="route expected 'shared_prefill', got 'packed_contiguous'"
+        b12x.ConfigError, match="route expected 'packed_contiguous', got 'shared_prefill'"
     ):
         indexer.run_paged_topk(**seed_inputs())
     assert workspace.calls == 0
@@ -448,3 +445,40 @@ def test_capacities_in_one_bucket_share_a_plan(monkeypatch, workspace):
     assert counting.distinct_plans() == 1
     assert counting.plans[0].max_q_rows == 10
     assert [c.max_q_rows for c in counting.caps] == [9, 10]  # the adapter passes live sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+def test_lengths_of_another_dtype_get_b12x_dtype_error(module, workspace, dtype):
+    # amax(out=int32) ran before bind and raised torch's own RuntimeError.
+    indexer = make_indexer()
+    inputs = seed_inputs()
+    inputs["seq_lens"] = inputs["seq_lens"].to(dtype)
+    with pytest.raises(
+        b12x.DTypeError,
+        match=f"cache_lengths expected dtype int32, got {dtype}".replace(".", r"\."),
+    ):
+        indexer.run_paged_topk(**inputs)
+    assert module.calls["bind"] == 0
+
+
+def test_lengths_of_another_shape_or_device_are_refused_before_amax(module, workspace):
+    indexer = make_indexer()
+    inputs = seed_inputs()
+    inputs["seq_lens"] = inputs["seq_lens"].view(3, 1)
+    with pytest.raises(
+        b12x.ShapeError, match=r"cache_lengths expected shape \(rows,\), got \(3, 1\)"
+    ):
+        indexer.run_paged_topk(**inputs)
+    inputs["seq_lens"] = [128, 128, 128]
+    with pytest.raises(
+        b12x.NotATensorError, match="cache_lengths expected an int32 tensor, got list"
+    ):
+        indexer.run_paged_topk(**inputs)
+
+
+def test_schedule_metadata_is_accepted_and_unused(module, workspace):
+    indexer = make_indexer()
+    inputs = seed_inputs()
+    out = indexer.run_paged_topk(**inputs, schedule_metadata=torch.zeros((9, 2), dtype=torch.int32))
+    assert out is inputs["output"]
+    assert "schedule_metadata" not in module.binds[0][1]

@@ -2,9 +2,10 @@
 
 * vLLM's side: a forward context, indexer metadata, a workspace manager that
   counts ``get_simultaneous`` calls, a cache holder.
-* b12x's side: a counting wrapper around the indexer module, and a runtime
-  double for the all-reduce adapter that records every call (the real
-  runtime needs GPUs and a process group).
+* b12x's side: a counting wrapper around the indexer module, and doubles of
+  the all-reduce runtime that record every call (the real runtime needs
+  GPUs): :class:`FakeRuntime` (no process group) and :class:`GlooRuntime`
+  (sums over a gloo group, for real vLLM ranks on CPU).
 """
 
 from __future__ import annotations
@@ -174,8 +175,13 @@ class FakeRuntime:
     Equal declarations (route, shape, dtype, strides) share one plan.
     """
 
-    def __init__(self, world_size: int = 2, routes: dict[str, str | None] | None = None) -> None:
+    def __init__(
+        self, world_size: int = 2, routes: dict[str, str | None] | None = None, limits=None
+    ) -> None:
+        from b12x.comm.pcie.allreduce import Limits
+
         self.world_size = world_size
+        self.limits = Limits() if limits is None else limits
         self.enabled = True
         self.disabled_reason = None
         self.routes = routes or {}
@@ -226,6 +232,76 @@ class FakeRuntime:
             yield
         finally:
             self.in_capture = False
+
+    def close(self) -> None:
+        self.closed += 1
+        self.enabled = False
+
+
+class GlooRuntime:
+    """The IPC runtime's stand-in for vLLM ranks on CPU (the real one needs GPUs).
+
+    Declarations go through b12x's own routing and plans
+    (``prepare_declarations``, real ``AllReducePlan`` objects); only the
+    execution is replaced: sums over the gloo ``group`` instead of IPC
+    kernels, the fused op in fp32 as the kernel does. Records every call.
+    ``enabled=False`` with ``disabled_reason`` plays a runtime that disabled
+    itself during set-up (an unsupported GPU, a failed peer mapping).
+    """
+
+    def __init__(self, group, limits=None, *, enabled=True, disabled_reason=None) -> None:
+        import torch.distributed as dist
+        from b12x.comm.pcie.allreduce import Limits
+
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.limits = Limits.from_env() if limits is None else limits
+        self.enabled = enabled
+        self.disabled_reason = disabled_reason
+        self.declared_plans: list[tuple[Any, Any]] = []
+        self.declared_counts: list[int] = []
+        self.calls: list[tuple[str, tuple[int, ...]]] = []
+        self.captures = 0
+        self.closed = 0
+
+    def declare(self, invocations) -> None:
+        from b12x.comm.pcie.allreduce import prepare_declarations
+
+        invocations = list(invocations)
+        self.declared_counts.append(len(invocations))
+        routed, _ = prepare_declarations(invocations, self.world_size, self.limits, 132)
+        self.declared_plans = routed
+
+    def _sum(self, inp):
+        import torch.distributed as dist
+
+        total = inp.clone()
+        dist.all_reduce(total, group=self.group)
+        return total
+
+    def all_reduce(self, inp, out=None, *, plan=None):
+        self.calls.append(("all_reduce", tuple(inp.shape)))
+        total = self._sum(inp)
+        if out is None:
+            return total
+        return out.copy_(total)
+
+    def fused_add_rms_norm(
+        self, inp, residual, weight, eps, out=None, residual_out=None, *, plan=None
+    ):
+        self.calls.append(("fused", tuple(inp.shape)))
+        out = inp if out is None else out
+        residual_out = residual if residual_out is None else residual_out
+        r = self._sum(inp).float() + residual.float()
+        normed = r * torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
+        residual_out.copy_(r)
+        out.copy_(normed)
+        return out, residual_out
+
+    @contextlib.contextmanager
+    def capture(self):
+        self.captures += 1
+        yield
 
     def close(self) -> None:
         self.closed += 1

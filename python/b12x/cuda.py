@@ -10,7 +10,7 @@ from typing import Any
 
 from b12x import _core
 
-__all__ = ["current_stream", "device_index", "fill_topk_padding", "is_available", "load_kernels"]
+__all__ = ["current_stream", "device_index", "is_available", "load_kernels"]
 
 
 def is_available() -> bool:
@@ -48,21 +48,3 @@ def current_stream(device_index: int) -> int:
     import torch
 
     return torch._C._cuda_getCurrentRawStream(device_index)
-
-
-def fill_topk_padding(indices: Any, scores: Any = None) -> None:
-    """Fill a top-k output with index -1 (and score -inf) on torch's current stream.
-
-    Parameters
-    ----------
-    indices
-        int32 CUDA tensor, contiguous.
-    scores
-        Optional float32 tensor of the same shape on the same device.
-
-    Raises
-    ------
-    b12x.errors.CudaError
-        If the kernels were not loaded on the device (call :func:`load_kernels`).
-    """
-    _core.fill_topk_padding(indices, scores, current_stream(indices.get_device()))

@@ -13,6 +13,14 @@ def _line(key: str, value: object) -> None:
     print(f"  {key:<22} {value}")
 
 
+def _indexer_flavors(ordinal: int) -> dict[str, str]:
+    """The indexer scorers' MMA flavor per precision, as the plans resolve it."""
+    from b12x.attention import dsa_indexer as di
+
+    caps = dict(device=ordinal, num_q_heads=64, max_q_rows=1, max_page_table_width=1, topk=512)
+    return {p: di.plan(di.Caps(**caps, precision=p)).mma_flavor for p in ("exact", "fast")}
+
+
 def report() -> dict:
     """Everything doctor prints, as a dict (also used by benchmark metadata)."""
     info: dict = {"b12x": _core.__version__, "python": platform.python_version()}
@@ -33,6 +41,7 @@ def report() -> dict:
             info["torch_metadata_path"] = f"error: {e}"
     except ImportError:
         info["torch"] = None
+    info["vllm_plugin"] = _vllm_plugin()
     info["driver_present"] = _core.driver_present()
     info["gpus"] = []
     if not info["driver_present"]:
@@ -48,6 +57,7 @@ def report() -> dict:
         try:
             _core.load_kernels(i)
             gpu["ptx_load"] = "ok"
+            gpu["indexer_mma"] = _indexer_flavors(i)
         except Exception as e:
             gpu["ptx_load"] = f"FAILED: {e}"
         info["gpus"].append(gpu)
@@ -56,6 +66,15 @@ def report() -> dict:
         for a in range(count)
     ]
     return info
+
+
+def _vllm_plugin() -> dict:
+    from b12x.integration.vllm import plugin
+
+    try:  # reads metadata and the switch; never imports vLLM
+        return plugin.status()
+    except Exception as e:  # doctor reports, never fails
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def run_doctor() -> int:
@@ -79,6 +98,10 @@ def run_doctor() -> int:
     _line("bindings", build["cudarc_bindings"])
     if "torch_metadata_path" in info:
         _line("tensor metadata", info["torch_metadata_path"])
+    from b12x.integration.vllm.plugin import status_lines
+
+    for key, value in status_lines(info["vllm_plugin"]):
+        _line(key, value)
     if not info["driver_present"]:
         _line("driver", "not found (libcuda.so): CPU paths only")
         return 0
@@ -94,6 +117,9 @@ def run_doctor() -> int:
             f"{gpu['total_memory'] / 2**30:.0f} GiB  L2 {gpu['l2_bytes'] >> 20} MiB  "
             f"PTX load: {gpu['ptx_load']}"
         )
+        if "indexer_mma" in gpu:
+            flavors = ", ".join(f"{p} {f}" for p, f in gpu["indexer_mma"].items())
+            print(f"      indexer MMA: {flavors}")
     peers = info.get("peer_access") or []
     if len(peers) > 1:
         print("  peer access (row can map column):")

@@ -25,6 +25,7 @@ __all__ = [
     "KernelLoadError",
     "LayoutError",
     "NotATensorError",
+    "PageTableError",
     "ShapeError",
     "UndeclaredPlanError",
     "UnsupportedTensorError",
@@ -53,6 +54,15 @@ class DeviceError(B12xError, ValueError):
 
 class ShapeError(B12xError, ValueError):
     """An operand has the wrong rank or shape, or a value is out of range."""
+
+
+class PageTableError(B12xError, ValueError):
+    """A page table named a page past the end of the K cache (found after a run).
+
+    The kernels skip such a page as unmapped and record the first one; raised
+    by ``Binding.check()`` / ``dsa_indexer.check()``, naming the row, the
+    column and the id.
+    """
 
 
 class LayoutError(B12xError, ValueError):

@@ -2,7 +2,12 @@
 
 Each arm is captured once in a CUDA graph and replayed; before every replay a
 buffer of twice the L2 size is rewritten (outside the timed events), so every
-sample reads the K cache from HBM. The `torch` arm is what a user would write:
+sample reads the K cache from HBM. Arms per case: `b12x` (the default, exact
+plan), `b12x_fast` (`Caps(precision="fast")`: FP8 wgmma on Hopper, the exact
+flavor elsewhere), `topk_only:b12x` and `topk_only:torch` (the top-k stage
+alone on the logits the `b12x` arm left in its scratch: b12x's selection
+kernels, and `torch.topk`), optional `b12x_<flavor>` arms with the MMA flavor
+forced, and `torch`, what a user would write:
 gather the pages, a bf16 GEMM per head, relu * weight, sum over heads, times
 the per-token scale, mask, `torch.topk`. The table adds the HBM floor (K
 cache, Q and outputs at 4.3 TB/s) and the FP8 floor (2 * rows * heads * 128 *
@@ -16,12 +21,13 @@ import math
 from dataclasses import dataclass
 
 from b12x._cli_args import positive_int
+from b12x._core import INDEXER_MMA_FLAVORS
+from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
+from b12x._core import INDEXER_PAGE_SIZE as PAGE
 from b12x.bench.common import BenchResult
 
 HBM_BYTES_PER_S = 4.3e12
 MMA_FLOP_PER_S = 1.3e15
-PAGE = 64
-PAGE_BYTES = 8448
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,8 @@ CASES = {
     )
 }
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
-# Test-hook codes of b12x._core._indexer_force_mma_flavor.
-FLAVORS = {"e4m3": 1, "f16": 2, "wgmma": 3}
+# MMA flavors a plan can be forced to (the test-only option of _core.indexer_build_plan).
+FLAVORS: tuple[str, ...] = INDEXER_MMA_FLAVORS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--flavor-arms",
         nargs="*",
         default=[],
-        choices=sorted(FLAVORS),
+        choices=FLAVORS,
         help="extra b12x arms with the scorers' MMA flavor forced (e.g. f16 next to wgmma)",
     )
 
@@ -155,6 +161,41 @@ def floors_us(case: Case) -> tuple[float, float]:
     return hbm, flop / MMA_FLOP_PER_S * 1e6
 
 
+def topk_only_arms(result, case, caps, binding, bind, args, flush, extra) -> None:
+    """The top-k stage alone on the logits the b12x arm left in its scratch:
+    ``topk_only:b12x`` (b12x's selection kernels, through a plan that skips
+    the scorers) and ``topk_only:torch`` (``torch.topk`` over the same logits,
+    positions past each row's length masked to -inf beforehand). One-chunk
+    plans only: the scratch then holds every logit of the call."""
+    import torch
+
+    from b12x import _core
+    from b12x.attention import dsa_indexer as di
+
+    if binding.plan.max_chunks != 1:
+        result.notes.append(f"{case.name}: topk_only arms skipped (the plan has several chunks)")
+        return
+    stage = bind(_core.indexer_build_plan(caps, topk_only=True), scratch=binding.scratch)
+    result.add(
+        case.name,
+        "topk_only:b12x",
+        time_graph_us(lambda b=stage: di.run(b), args.iters, flush),
+        **extra,
+    )
+    if args.no_torch:
+        return
+    logits = di.scratch_views(binding)["logits"][: case.rows, : case.context]
+    pos = torch.arange(case.context, device=logits.device)
+    lengths = torch.tensor(case.lengths(), device=logits.device)
+    masked = logits.masked_fill(pos[None, :] >= lengths[:, None], -math.inf)
+
+    def torch_topk(masked=masked, k=case.topk):
+        torch.topk(masked, k, dim=1)
+
+    samples = time_graph_us(torch_topk, args.torch_iters, flush)
+    result.add(case.name, "topk_only:torch", samples, **extra)
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
@@ -172,49 +213,62 @@ def run(args: argparse.Namespace) -> BenchResult:
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
-        plan = di.plan(
-            di.Caps(
-                device=f"cuda:{dev}",
-                num_q_heads=case.heads,
-                max_q_rows=case.rows,
-                max_page_table_width=case.width,
-                topk=case.topk,
-                mode="prefill" if case.prefill else "decode",
-            )
+        caps_args = dict(
+            device=f"cuda:{dev}",
+            num_q_heads=case.heads,
+            max_q_rows=case.rows,
+            max_page_table_width=case.width,
+            topk=case.topk,
+            mode="prefill" if case.prefill else "decode",
         )
-        scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
+        caps = di.Caps(**caps_args)
+        plan = di.plan(caps)
         idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
         sc = torch.empty((case.rows, case.topk), device="cuda")
-        binding = di.bind(
-            plan,
-            scratch=scratch,
-            q_fp8=q,
-            query_weights=w,
-            index_k_cache=kcache,
-            page_table=table,
-            cache_lengths=lengths,
-            active_width=aw,
-            output_indices=idx,
-            output_scores=sc,
-        )
+
+        def bind(plan, scratch=None, idx=idx, sc=sc, q=q, w=w, kcache=kcache, table=table,
+                 lengths=lengths, aw=aw):  # fmt: skip
+            if scratch is None:
+                scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
+            return di.bind(
+                plan,
+                scratch=scratch,
+                q_fp8=q,
+                query_weights=w,
+                index_k_cache=kcache,
+                page_table=table,
+                cache_lengths=lengths,
+                active_width=aw,
+                output_indices=idx,
+                output_scores=sc,
+            )
+
+        binding = bind(plan)
         hbm, mma = floors_us(case)
         extra = {
             "hbm_floor_us": hbm,
             "fp8_floor_us": mma,
             "supertile": plan.supertile_tokens,
             "slices": plan.topk_slices,
+            "mma_flavor": plan.mma_flavor,
         }
         b = result.add(
             name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
         )
+        topk_only_arms(result, case, caps, binding, bind, args, flush, extra)
+        fast = bind(di.plan(di.Caps(**caps_args, precision="fast")))
+        result.add(
+            name,
+            "b12x_fast",
+            time_graph_us(lambda b=fast: di.run(b), args.iters, flush),
+            **{**extra, "mma_flavor": fast.plan.mma_flavor, "precision": "fast"},
+        )
+        del fast
         for flavor in args.flavor_arms:
-            # the forced flavor is read at launch, i.e. while the graph is captured
-            _core._indexer_force_mma_flavor(FLAVORS[flavor])
-            try:
-                samples = time_graph_us(lambda b=binding: di.run(b), args.iters, flush)
-            finally:
-                _core._indexer_force_mma_flavor(0)
-            result.add(name, f"b12x_{flavor}", samples, **extra)
+            forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))
+            samples = time_graph_us(lambda b=forced: di.run(b), args.iters, flush)
+            result.add(name, f"b12x_{flavor}", samples, **{**extra, "mma_flavor": flavor})
+            del forced
         if not args.no_torch:
             ref = {}
 
@@ -238,6 +292,6 @@ def run(args: argparse.Namespace) -> BenchResult:
                 f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
             )
             del ref
-        del q, w, kcache, table, scratch, binding
+        del q, w, kcache, table, binding
         torch.cuda.empty_cache()
     return result

@@ -23,8 +23,19 @@ pub struct DeviceModules {
     pub context: sys::CUcontext,
     pub compute_capability: (u32, u32),
     pub multiprocessors: u32,
+    /// Dynamic shared memory one CTA may take (the opt-in limit every
+    /// function was given at load).
+    pub shared_opt_in: u32,
+    /// Device address of the status record kernels report refused input in
+    /// ([`STATUS_BYTES`], zeroed here; the indexer's page-id faults). One per
+    /// device, so it stays valid in captured graphs and is never shared with
+    /// a caller's workspace.
+    pub status: u64,
     functions: [sys::CUfunction; Kernel::COUNT],
 }
+
+/// Bytes of the per-device status record (b12x_core::indexer::STATUS_WORDS u32s).
+pub const STATUS_BYTES: usize = b12x_core::indexer::STATUS_WORDS * 4;
 
 // SAFETY: CUcontext and CUfunction are driver handles, valid from any thread;
 // the driver API is thread-safe and the store never frees them.
@@ -254,13 +265,31 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
         }
         Ok(())
     })?;
+    let status = with_context(context, || alloc_status(ordinal))?;
     Ok(DeviceModules {
         ordinal,
         context,
         compute_capability: info.compute_capability,
         multiprocessors: info.multiprocessors,
+        shared_opt_in: opt_in_shared,
+        status,
         functions,
     })
+}
+
+/// The zeroed status record of `ordinal` (in the current context). Never
+/// freed: it lives as long as the module store, i.e. the process.
+fn alloc_status(ordinal: u32) -> Result<u64> {
+    let at = || format!("cuda:{ordinal}");
+    let mut ptr: sys::CUdeviceptr = 0;
+    // SAFETY: allocates STATUS_BYTES in the current (primary) context.
+    unsafe { sys::cuMemAlloc_v2(&mut ptr, STATUS_BYTES) }.result().ctx("cuMemAlloc", at)?;
+    // SAFETY: ptr holds STATUS_BYTES bytes.
+    unsafe { sys::cuMemsetD8_v2(ptr, 0, STATUS_BYTES) }.result().ctx("cuMemsetD8", at)?;
+    // The memset runs on the legacy stream; finish it before any stream's kernel (plan time).
+    // SAFETY: waits for the current context's work.
+    unsafe { sys::cuCtxSynchronize() }.result().ctx("cuCtxSynchronize", at)?;
+    Ok(ptr)
 }
 
 /// Lets `f` take dynamic shared memory up to the device's opt-in limit (the

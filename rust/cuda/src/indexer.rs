@@ -1,32 +1,35 @@
-//! Launchers for the C4 indexer kernels (kernels/indexer_{decode,prefill,topk}.cu).
+//! Launchers for the C4 indexer kernels (kernels/indexer_{decode,prefill,wgmma,topk}.cu).
 //!
 //! One call enqueues, per supertile chunk of the page table, a scorer
 //! (paged decode, or prefill over a shared page-table row) and the exact
-//! top-k fold over that chunk and the carry. Everything here takes plain
-//! values: device pointers, sizes and the scratch regions, already carved.
+//! top-k fold over that chunk and the carry. It launches straight from a
+//! core [`Binding`]: `Caps`, `Plan` and `bind` validated every value, the plan
+//! chose the route, the MMA flavor, the supertile and the top-k slices, so
+//! nothing is checked again here (debug builds assert the invariants).
 //! Grids depend only on the static shapes and the device's SM count, never on
 //! device values, so the sequence is safe to capture in a CUDA graph.
 
 use std::ffi::c_void;
 
-use crate::device::loaded;
-use crate::error::{CudaError, Result};
+use b12x_core::indexer::{
+    Binding, IndexSpace, MmaFlavor, PageFault, RegionId, Route, HEAD_DIM, MAX_HEADS, PAGE_BYTES,
+    PAGE_SIZE, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK,
+};
+use cudarc::driver::sys;
+
+use crate::device::{loaded, with_context, DeviceModules, STATUS_BYTES};
+use crate::error::{CudaError, DriverContext, Result};
 use crate::launch::{launch, LaunchConfig};
 use crate::ptx::Kernel;
 
-pub const PAGE_ROWS: u32 = 64;
-pub const HEAD_DIM: u32 = 128;
-/// Bytes of one page's payload: 64 x 128 e4m3 values, then 64 f32 scales.
-pub const PAGE_BYTES: u64 = 64 * 128 + 64 * 4;
-pub const MAX_HEADS: u32 = 64;
-pub const SUPPORTED_TOPK: [u32; 3] = [512, 1024, 2048];
-/// Supertile granularity: the prefill scorer's CTA covers 512 tokens.
-pub const SUPERTILE_ALIGN: u32 = 512;
-
-const DECODE_THREADS: u32 = 128;
+// Host mirrors of the kernels' tile constants (pinned by a test against the
+// kernel sources, `kernel_constants_match_the_sources`).
 const DECODE_WARPS: u32 = 4;
+const DECODE_THREADS: u32 = DECODE_WARPS * 32;
 const DECODE_MAX_PAGES_PER_CTA: u32 = 256;
-const PREFILL_THREADS: u32 = 256;
+const PREFILL_WARPS: u32 = 8;
+const PREFILL_THREADS: u32 = PREFILL_WARPS * 32;
+/// Tokens of one prefill CTA; supertiles are whole multiples of it.
 const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
@@ -39,51 +42,18 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 
-/// Which scorer reads the page table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
-    /// One page-table row per query row.
-    PagedDecode,
-    /// One page-table row shared by every query row (prefill).
-    SharedPrefill,
-}
-
-/// Which MMA the scorers use. Both give the same logits: FP8 products are
-/// exact in f32 and every e4m3 value is an f16 value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MmaFlavor {
-    /// `mma.sync m16n8k32 .e4m3` on the raw bytes (native on sm_89, sm_120).
-    E4m3,
-    /// FP8 converted to f16 once, `mma.sync m16n8k16 .f16` (sm_90 has no
-    /// native e4m3 `mma.sync`: it would unpack both operands per MMA).
-    F16,
-    /// Hopper's warpgroup MMA on FP8 widened to f16 (`wgmma m64nNk16 .f16`,
-    /// sm_90a PTX): exact products and fp32 accumulation, which Hopper's FP8
-    /// wgmma does not keep (kernels/indexer_wgmma.cu).
-    Wgmma,
-}
-
-impl MmaFlavor {
-    pub fn for_compute_capability(cc: (u32, u32)) -> Self {
-        match cc {
-            (8, 9) | (12, _) => MmaFlavor::E4m3,
-            (9, 0) => MmaFlavor::Wgmma,
-            _ => MmaFlavor::F16,
-        }
-    }
-}
-
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
-/// as f16, the ring's scales, the weights (by lane, padded by 4 pairs per
-/// lane), and the ring's page ids, plus 1 KiB
+/// (as f16, or as FP8 for the fast flavor), the ring's scales, the weights
+/// (by lane, padded by 4 pairs per lane), and the ring's page ids, plus 1 KiB
 /// to align the base (mirrors `WgSmem` in kernels/indexer_wgmma.cu; the
 /// kernel traps if given less).
-pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
+pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32, fp8: bool) -> u32 {
     let n = heads_padded * rows;
     let stages = if rows == 1 { WGMMA_DECODE_STAGES } else { WGMMA_PREFILL_STAGES };
-    stages * PAGE_ROWS * HEAD_DIM
-        + n * HEAD_DIM * 2
-        + stages * PAGE_ROWS * 4
+    let q_bytes = if fp8 { 1 } else { 2 };
+    stages * PAGE_SIZE * HEAD_DIM
+        + n * HEAD_DIM * q_bytes
+        + stages * PAGE_SIZE * 4
         + (n + 16) * 4
         + stages * 4
         + 1024
@@ -92,63 +62,11 @@ pub fn wgmma_shared_bytes(heads_padded: u32, rows: u32) -> u32 {
 /// Pages one wgmma prefill CTA scores: the whole chunk when the row blocks
 /// alone fill two waves of resident CTAs, else the chunk split so they do.
 pub fn wgmma_prefill_pages_per_cta(rows: u32, supertile: u32, multiprocessors: u32) -> u32 {
-    let chunk_pages = (supertile / PAGE_ROWS).max(1);
+    let chunk_pages = (supertile / PAGE_SIZE).max(1);
     let row_blocks = rows.div_ceil(WGMMA_PREFILL_ROWS).max(1);
     let target = 2 * WGMMA_PREFILL_CTAS_PER_SM * multiprocessors.max(1);
     let splits = target.div_ceil(row_blocks).clamp(1, chunk_pages);
     chunk_pages.div_ceil(splits)
-}
-
-/// Everything one indexer call needs, as plain values.
-#[derive(Debug, Clone, Copy)]
-pub struct IndexerLaunch {
-    pub device: u32,
-    pub stream: u64,
-    pub route: Route,
-    /// Emit `pid * 64 + slot` instead of logical positions.
-    pub physical: bool,
-    /// MMA flavor of the scorers; None = the device's best
-    /// ([`MmaFlavor::for_compute_capability`]). Tests force e4m3 on sm_90,
-    /// where the driver emulates it, to cover that code path.
-    pub flavor: Option<MmaFlavor>,
-    pub rows: u32,
-    pub heads: u32,
-    /// Page-table width in pages (the bound tensor's, static).
-    pub width: u32,
-    pub topk: u32,
-    /// K rows per chunk, a multiple of 512.
-    pub supertile: u32,
-    /// Slices per chunk row for the two-stage top-k (1 = one CTA per row).
-    pub topk_slices: u32,
-    /// Row capacity of the carry regions ([2, rows_cap, topk]).
-    pub rows_cap: u32,
-    /// e4m3 [rows, heads, 128], contiguous.
-    pub q: u64,
-    /// f32 [rows, heads], contiguous.
-    pub weights: u64,
-    /// Page base; page p at kcache + p * page_stride.
-    pub kcache: u64,
-    pub page_stride: u64,
-    /// i32; row r at page_table + 4 * r * page_table_row_stride.
-    pub page_table: u64,
-    /// Elements; 0 = one row shared by every query row.
-    pub page_table_row_stride: u64,
-    /// i32 [rows].
-    pub lengths: u64,
-    /// i32 [1].
-    pub active_width: u64,
-    /// i32 [rows, topk].
-    pub out_indices: u64,
-    /// f32 [rows, topk], or 0.
-    pub out_scores: u64,
-    /// Scratch: f32 [rows_cap, supertile].
-    pub logits: u64,
-    /// Scratch: f32 / i32 [2, rows_cap, topk].
-    pub carry_values: u64,
-    pub carry_indices: u64,
-    /// Scratch (topk_slices > 1): f32 / i32 [rows_cap, topk_slices, topk].
-    pub partial_values: u64,
-    pub partial_indices: u64,
 }
 
 #[repr(C)]
@@ -160,6 +78,7 @@ struct ScoreParams {
     lengths: u64,
     active_width: u64,
     logits: u64,
+    status: u64,
     page_stride: u64,
     pt_row_stride: u64,
     logits_row_stride: u64,
@@ -169,6 +88,8 @@ struct ScoreParams {
     chunk_start: u32,
     chunk_len: u32,
     pages_per_cta: u32,
+    pages: u32,
+    pad: u32,
 }
 
 #[repr(C)]
@@ -195,91 +116,132 @@ struct TopkParams {
     slices: u32,
     slice_len: u32,
     physical: u32,
-    pad: u32,
+    pages: u32,
+    stage_cap: u32,
+    hit_cap: u32,
+}
+
+// Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
+// by `kernel_constants_match_the_sources` and the kernels' static_asserts).
+const TOPK_STAGED_SMEM: u32 = 16544; // StagedSmem
+const TOPK_GENERAL_SMEM: u32 = 41240; // TopkSmem, the general paths
+const STAGED_HIT_MAX: u32 = 8192;
+
+/// Dynamic shared memory of a top-k kernel whose stage holds `stage_cap`
+/// candidates (raw fp32 bits, or 16-bit key prefixes) and whose hit list holds
+/// `hit_cap` positions (mirrors `staged_bytes` in kernels/indexer_topk.cu).
+pub fn topk_shared_bytes(raw: bool, hit_cap: u32, stage_cap: u32) -> u32 {
+    let per = if raw { 4 } else { 2 };
+    (TOPK_STAGED_SMEM + 12 * hit_cap + per * stage_cap).max(TOPK_GENERAL_SMEM)
+}
+
+/// One top-k kernel launch: its stage and hit list within the device's
+/// shared memory, or none (stage_cap 0: the general paths only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopkStage {
+    pub stage_cap: u32,
+    pub hit_cap: u32,
+    pub shared_bytes: u32,
+}
+
+impl TopkStage {
+    /// No stage: the general paths only, in their own shared memory.
+    pub const GENERAL: TopkStage =
+        TopkStage { stage_cap: 0, hit_cap: 0, shared_bytes: TOPK_GENERAL_SMEM };
+}
+
+/// The stage for `candidates` positions: the hit list at 2 topk + 1024
+/// (about twice what the sampled threshold lists), shrunk down to topk + 512
+/// to fit `opt_in` bytes, else no stage.
+pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkStage {
+    let per = if raw { 4 } else { 2 };
+    let want = (2 * topk + 1024).min(STAGED_HIT_MAX);
+    let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM + per * candidates) / 12) & !3;
+    let hit_cap = want.min(room);
+    if hit_cap < topk + 512 {
+        return TopkStage::GENERAL;
+    }
+    let shared_bytes = topk_shared_bytes(raw, hit_cap, candidates);
+    TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
+}
+
+/// The fold kernel for `rows` rows of `candidates` positions each: raw fp32
+/// stage when each row gets an SM of its own, else the 16-bit prefix stage
+/// (half the shared memory: two CTAs per SM, one's reads under the other's
+/// work), else whichever fits.
+pub fn topk_fold_kernel(
+    rows: u32,
+    topk: u32,
+    candidates: u32,
+    sms: u32,
+    opt_in: u32,
+) -> (Kernel, TopkStage) {
+    let raw = topk_stage(true, topk, candidates, opt_in);
+    let prefix = topk_stage(false, topk, candidates, opt_in);
+    let prefer_raw = rows <= sms && raw.stage_cap != 0;
+    if prefer_raw || prefix.stage_cap == 0 {
+        (Kernel::IndexerTopkFold, raw)
+    } else {
+        (Kernel::IndexerTopkFoldPrefix, prefix)
+    }
 }
 
 /// Chunks the page table is scored in: ceil(width * 64 / supertile).
 pub fn num_chunks(width: u32, supertile: u32) -> u32 {
-    ((width as u64 * PAGE_ROWS as u64).div_ceil(supertile.max(1) as u64)) as u32
+    ((width as u64 * PAGE_SIZE as u64).div_ceil(supertile.max(1) as u64)) as u32
 }
 
 /// Tokens per top-k slice: the supertile split into `slices` parts, rounded
 /// up to 512 (slices start 16-byte aligned; trailing slices may be empty).
 pub fn slice_len(supertile: u32, slices: u32) -> u32 {
-    supertile.div_ceil(slices.max(1)).next_multiple_of(SUPERTILE_ALIGN)
+    supertile.div_ceil(slices.max(1)).next_multiple_of(SUPERTILE_QUANTUM)
 }
 
 /// Pages one decode CTA scores: about eight CTAs' worth of work per SM
 /// across all rows (a few waves, so uneven live lengths even out), at least
 /// one page per warp.
 pub fn decode_pages_per_cta(rows: u32, supertile: u32, multiprocessors: u32) -> u32 {
-    let pages = (supertile / PAGE_ROWS) as u64 * rows.max(1) as u64;
+    let pages = (supertile / PAGE_SIZE) as u64 * rows.max(1) as u64;
     let target_ctas = multiprocessors.max(1) as u64 * 8;
     (pages.div_ceil(target_ctas) as u32).clamp(DECODE_WARPS, DECODE_MAX_PAGES_PER_CTA)
 }
 
-const OP: &str = "indexer launch";
+/// The kernels' page bound: every int32 page id is below 2^31, so a larger
+/// cache bounds nothing more.
+fn kernel_pages(pages: u64) -> u32 {
+    pages.min(1 << 31) as u32
+}
 
-fn invalid(operand: &'static str, expected: String, got: impl ToString) -> CudaError {
-    CudaError::Core(b12x_core::Error::InvalidValue {
-        op: OP,
-        operand: operand.into(),
-        expected: expected.into(),
-        got: got.to_string(),
+/// Reads and clears the status record of `ordinal` after waiting for every
+/// kernel on the device: the first page id at or past its cache since the
+/// last call, if any. Syncs the device, so never call it inside a graph
+/// capture or on a hot path.
+pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
+    let modules = loaded(ordinal)?;
+    let at = || format!("cuda:{ordinal}");
+    with_context(modules.context, || {
+        // SAFETY: waits for the current context's work.
+        unsafe { sys::cuCtxSynchronize() }.result().ctx("cuCtxSynchronize", at)?;
+        let mut words = [0u32; STATUS_WORDS];
+        // SAFETY: the status record holds STATUS_WORDS u32s (device.rs).
+        unsafe { sys::cuMemcpyDtoH_v2(words.as_mut_ptr().cast(), modules.status, STATUS_BYTES) }
+            .result()
+            .ctx("cuMemcpyDtoH", at)?;
+        let fault = PageFault::from_words(&words);
+        if fault.is_some() {
+            // SAFETY: as above; no kernel is running (synced).
+            unsafe { sys::cuMemsetD8_v2(modules.status, 0, STATUS_BYTES) }
+                .result()
+                .ctx("cuMemsetD8", at)?;
+            // SAFETY: as above (the memset is on the legacy stream: finish it).
+            unsafe { sys::cuCtxSynchronize() }.result().ctx("cuCtxSynchronize", at)?;
+        }
+        Ok(fault)
     })
 }
 
-fn check(l: &IndexerLaunch) -> Result<()> {
-    if !SUPPORTED_TOPK.contains(&l.topk) {
-        return Err(invalid("topk", format!("one of {SUPPORTED_TOPK:?}"), l.topk));
-    }
-    if l.heads == 0 || l.heads > MAX_HEADS {
-        return Err(invalid("heads", format!("1..={MAX_HEADS}"), l.heads));
-    }
-    if l.supertile == 0 || l.supertile % SUPERTILE_ALIGN != 0 {
-        let expected = format!("a positive multiple of {SUPERTILE_ALIGN}");
-        return Err(invalid("supertile", expected, l.supertile));
-    }
-    let max_slices = l.supertile / SUPERTILE_ALIGN;
-    if l.topk_slices == 0 || l.topk_slices > max_slices {
-        return Err(invalid("topk_slices", format!("1..={max_slices}"), l.topk_slices));
-    }
-    if l.rows > l.rows_cap {
-        return Err(invalid("rows", format!("<= rows_cap {}", l.rows_cap), l.rows));
-    }
-    if l.page_stride < PAGE_BYTES {
-        return Err(invalid("page_stride", format!(">= {PAGE_BYTES} bytes"), l.page_stride));
-    }
-    if l.width as u64 * PAGE_ROWS as u64 > i32::MAX as u64 {
-        let expected = format!("<= {} pages (int32 positions)", i32::MAX as u32 / PAGE_ROWS);
-        return Err(invalid("width", expected, l.width));
-    }
-    let required = [
-        ("q", l.q),
-        ("weights", l.weights),
-        ("kcache", l.kcache),
-        ("page_table", l.page_table),
-        ("lengths", l.lengths),
-        ("active_width", l.active_width),
-        ("out_indices", l.out_indices),
-        ("logits", l.logits),
-        ("carry_values", l.carry_values),
-        ("carry_indices", l.carry_indices),
-    ];
-    for (name, ptr) in required {
-        if ptr == 0 {
-            return Err(invalid(name, "a device pointer".into(), "null"));
-        }
-    }
-    if l.topk_slices > 1 && (l.partial_values == 0 || l.partial_indices == 0) {
-        let expected = "the partial regions when topk_slices > 1".to_string();
-        return Err(invalid("partial_values", expected, "null"));
-    }
-    Ok(())
-}
-
 /// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
-const SCORERS: [[[Kernel; 4]; 3]; 2] = {
+const SCORERS: [[[Kernel; 4]; 4]; 2] = {
     use Kernel::*;
     [
         [
@@ -295,6 +257,12 @@ const SCORERS: [[[Kernel; 4]; 3]; 2] = {
                 IndexerWgmmaDecodeH32,
                 IndexerWgmmaDecodeH48,
                 IndexerWgmmaDecodeH64,
+            ],
+            [
+                IndexerWgmmaFp8DecodeH16,
+                IndexerWgmmaFp8DecodeH32,
+                IndexerWgmmaFp8DecodeH48,
+                IndexerWgmmaFp8DecodeH64,
             ],
         ],
         [
@@ -316,6 +284,12 @@ const SCORERS: [[[Kernel; 4]; 3]; 2] = {
                 IndexerWgmmaPrefillH48,
                 IndexerWgmmaPrefillH64,
             ],
+            [
+                IndexerWgmmaFp8PrefillH16,
+                IndexerWgmmaFp8PrefillH32,
+                IndexerWgmmaFp8PrefillH48,
+                IndexerWgmmaFp8PrefillH64,
+            ],
         ],
     ]
 };
@@ -325,121 +299,188 @@ fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
     SCORERS[route as usize][flavor as usize][tile]
 }
 
+/// The MMA flavors whose scorers are loaded on `ordinal` (their module's
+/// target runs there): what a plan may be forced to.
+pub fn available_flavors(ordinal: u32) -> Result<Vec<MmaFlavor>> {
+    Ok(flavors_in(loaded(ordinal)?))
+}
+
+fn flavors_in(modules: &DeviceModules) -> Vec<MmaFlavor> {
+    let loaded = |f| {
+        [Route::PagedDecode, Route::SharedPrefill]
+            .iter()
+            .all(|&r| (16..=MAX_HEADS).step_by(16).all(|h| modules.has(scorer(r, f, h))))
+    };
+    MmaFlavor::ALL.into_iter().filter(|&f| loaded(f)).collect()
+}
+
 /// Pages per CTA and launch shape of the scorer: static shapes only.
-fn scorer_config(l: &IndexerLaunch, flavor: MmaFlavor, sms: u32) -> (u32, LaunchConfig) {
-    let s = l.supertile;
-    let chunk_pages = s / PAGE_ROWS;
-    let heads_padded = l.heads.div_ceil(16) * 16;
-    match (l.route, flavor) {
-        (Route::PagedDecode, MmaFlavor::Wgmma) => {
-            let ppc = decode_pages_per_cta(l.rows, s, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, 1);
-            let grid = (l.rows, chunk_pages.div_ceil(ppc), 1);
+fn scorer_config(
+    route: Route,
+    flavor: MmaFlavor,
+    rows: u32,
+    heads: u32,
+    supertile: u32,
+    sms: u32,
+) -> (u32, LaunchConfig) {
+    let chunk_pages = supertile / PAGE_SIZE;
+    let heads_padded = heads.div_ceil(16) * 16;
+    let fp8 = flavor == MmaFlavor::WgmmaFp8;
+    match (route, flavor) {
+        (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
+            let ppc = decode_pages_per_cta(rows, supertile, sms);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
+            let grid = (rows, chunk_pages.div_ceil(ppc), 1);
             (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
         }
-        (Route::SharedPrefill, MmaFlavor::Wgmma) => {
-            let ppc = wgmma_prefill_pages_per_cta(l.rows, s, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS);
-            let grid = (l.rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
+        (Route::SharedPrefill, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
+            let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
+            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS, fp8);
+            let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
             (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
         }
         (Route::PagedDecode, _) => {
-            let ppc = decode_pages_per_cta(l.rows, s, sms);
-            let grid = (l.rows, chunk_pages.div_ceil(ppc), 1);
+            let ppc = decode_pages_per_cta(rows, supertile, sms);
+            let grid = (rows, chunk_pages.div_ceil(ppc), 1);
             (ppc, LaunchConfig { grid, block: (DECODE_THREADS, 1, 1), shared_bytes: 0 })
         }
         (Route::SharedPrefill, _) => {
-            let grid = (s / PREFILL_TOKENS, l.rows.div_ceil(PREFILL_ROWS), 1);
+            let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
             (0, LaunchConfig { grid, block: (PREFILL_THREADS, 1, 1), shared_bytes: 0 })
         }
     }
 }
 
-/// Enqueues the whole indexer call on `l.stream`: no allocation, no sync.
-/// A call with zero rows enqueues nothing.
+/// What `Caps`, `Plan` and `bind` guarantee, asserted in debug builds only.
+fn debug_check(b: &Binding) {
+    let (plan, a) = (b.plan(), b.args());
+    debug_assert!(SUPPORTED_TOPK.contains(&a.topk), "topk {}", a.topk);
+    debug_assert!((1..=MAX_HEADS).contains(&a.heads), "heads {}", a.heads);
+    debug_assert!(plan.supertile() % PREFILL_TOKENS == 0, "supertile {}", plan.supertile());
+    debug_assert!(
+        (1..=plan.supertile() / SUPERTILE_QUANTUM).contains(&plan.topk_slices()),
+        "slices {}",
+        plan.topk_slices()
+    );
+    debug_assert!(a.rows <= plan.rows_capacity() && a.width <= plan.width_capacity());
+    debug_assert!(a.page_stride >= PAGE_BYTES && a.width as u64 * 64 <= i32::MAX as u64);
+    debug_assert!([a.q, a.weights, a.kcache, a.page_table, a.lengths, a.out_indices, a.scratch]
+        .iter()
+        .all(|&p| p != 0));
+}
+
+/// Enqueues the whole indexer call of `b` on `stream` (a CUstream of the
+/// binding's device): no allocation, no sync. A call with zero rows
+/// enqueues nothing.
 ///
 /// # Safety
-/// Every pointer in `l` must be a device pointer on `l.device` valid for the
-/// accesses its documented shape implies (the K cache for every page id the
-/// live part of the page table names), the scratch regions must not overlap
-/// each other or the operands, and `l.stream` must belong to `l.device`.
-pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
-    check(l)?;
-    if l.rows == 0 {
+/// `b` must come from `bind` over live tensors of its device (every address
+/// valid for the accesses its documented shape implies, the scratch at least
+/// `plan.nbytes()` bytes and disjoint from the operands), and `stream` must
+/// belong to that device.
+pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
+    debug_check(b);
+    let (plan, a) = (b.plan(), b.args());
+    if a.rows == 0 {
         return Ok(());
     }
-    let modules = loaded(l.device)?;
-    let flavor =
-        l.flavor.unwrap_or_else(|| MmaFlavor::for_compute_capability(modules.compute_capability));
-    let sms = modules.multiprocessors;
-    let s = l.supertile;
-    let chunks = num_chunks(l.width, s).max(1);
-    let score_kernel = scorer(l.route, flavor, l.heads);
-    let (pages_per_cta, score_config) = scorer_config(l, flavor, sms);
-    let slices = l.topk_slices;
+    let Some(flavor) = plan.mma_flavor() else {
+        return Err(CudaError::Core(b12x_core::Error::Device {
+            op: "run",
+            operand: "binding".into(),
+            expected: b12x_core::Device::Cuda(a.device),
+            got: plan.caps().device,
+        }));
+    };
+    let status = loaded(a.device)?.status;
+    let s = plan.supertile();
+    let chunks = num_chunks(a.width, s).max(1);
+    let route = plan.route();
+    let score_kernel = scorer(route, flavor, a.heads);
+    let (pages_per_cta, score_config) =
+        scorer_config(route, flavor, a.rows, a.heads, s, plan.multiprocessors());
+    let slices = plan.topk_slices();
+    let pages = kernel_pages(a.pages);
+    let (sms, opt_in) = (plan.multiprocessors(), loaded(a.device)?.shared_opt_in);
+    let slen = slice_len(s, slices);
+    // Candidates per fold CTA: the carry + the chunk.
+    let (fold_kernel, fold) = topk_fold_kernel(a.rows, a.topk, a.topk + s, sms, opt_in);
+    // The two-stage top-k keeps the general paths: its staged form measured
+    // slower on one H200 (decode 1 x 131072: 30.2 vs 28.3 us, bench-results/h200/topk-notes.md).
+    let (slice, merge) = (TopkStage::GENERAL, TopkStage::GENERAL);
+    let partial = |id| if slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
-        logits: l.logits,
-        lengths: l.lengths,
-        active_width: l.active_width,
-        page_table: l.page_table,
-        carry_values: l.carry_values,
-        carry_indices: l.carry_indices,
-        part_values: l.partial_values,
-        part_indices: l.partial_indices,
-        out_indices: l.out_indices,
-        out_scores: l.out_scores,
+        logits: b.region_address(RegionId::Logits),
+        lengths: a.lengths,
+        active_width: a.active_width,
+        page_table: a.page_table,
+        carry_values: b.region_address(RegionId::CarryValues),
+        carry_indices: b.region_address(RegionId::CarryIndices),
+        part_values: partial(RegionId::PartialValues),
+        part_indices: partial(RegionId::PartialIndices),
+        out_indices: a.out_indices,
+        out_scores: a.out_scores,
         logits_row_stride: s as u64,
-        pt_row_stride: l.page_table_row_stride,
-        carry_half_stride: l.rows_cap as u64 * l.topk as u64,
-        rows: l.rows,
-        width: l.width,
-        topk: l.topk,
+        pt_row_stride: a.page_table_row_stride,
+        carry_half_stride: plan.rows_capacity() as u64 * a.topk as u64,
+        rows: a.rows,
+        width: a.width,
+        topk: a.topk,
         chunk: 0,
         num_chunks: chunks,
         chunk_len: s,
         slices,
-        slice_len: slice_len(s, slices),
-        physical: l.physical as u32,
-        pad: 0,
+        slice_len: slen,
+        physical: (plan.caps().index_space == IndexSpace::Physical) as u32,
+        pages,
+        stage_cap: 0,
+        hit_cap: 0,
     };
     let topk_block = (TOPK_THREADS, 1, 1);
     for c in 0..chunks {
         let mut sp = ScoreParams {
-            q: l.q,
-            weights: l.weights,
-            kcache: l.kcache,
-            page_table: l.page_table,
-            lengths: l.lengths,
-            active_width: l.active_width,
-            logits: l.logits,
-            page_stride: l.page_stride,
-            pt_row_stride: l.page_table_row_stride,
+            q: a.q,
+            weights: a.weights,
+            kcache: a.kcache,
+            page_table: a.page_table,
+            lengths: a.lengths,
+            active_width: a.active_width,
+            logits: tp.logits,
+            status,
+            page_stride: a.page_stride,
+            pt_row_stride: a.page_table_row_stride,
             logits_row_stride: s as u64,
-            rows: l.rows,
-            heads: l.heads,
-            width: l.width,
+            rows: a.rows,
+            heads: a.heads,
+            width: a.width,
             chunk_start: c * s,
             chunk_len: s,
             pages_per_cta,
+            pages,
+            pad: 0,
         };
         let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-        // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
-        // validity is the caller's contract.
-        unsafe { launch(l.device, score_kernel, score_config, l.stream, &mut args)? };
+        if !plan.topk_only() {
+            // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
+            // validity is the caller's contract.
+            unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        }
         tp.chunk = c;
-        let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
-        if slices == 1 {
-            let cfg = LaunchConfig { grid: (l.rows, 1, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above, TopkParams mirrors the kernels' struct.
-            unsafe { launch(l.device, Kernel::IndexerTopkFold, cfg, l.stream, &mut targs)? };
+        let steps: &[(Kernel, (u32, u32, u32), TopkStage)] = if slices == 1 {
+            &[(fold_kernel, (a.rows, 1, 1), fold)]
         } else {
-            let cfg =
-                LaunchConfig { grid: (l.rows, slices, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above.
-            unsafe { launch(l.device, Kernel::IndexerTopkSlice, cfg, l.stream, &mut targs)? };
-            let cfg = LaunchConfig { grid: (l.rows, 1, 1), block: topk_block, shared_bytes: 0 };
-            // SAFETY: as above.
-            unsafe { launch(l.device, Kernel::IndexerTopkMerge, cfg, l.stream, &mut targs)? };
+            &[
+                (Kernel::IndexerTopkSlice, (a.rows, slices, 1), slice),
+                (Kernel::IndexerTopkMerge, (a.rows, 1, 1), merge),
+            ]
+        };
+        for &(kernel, grid, stage) in steps {
+            tp.stage_cap = stage.stage_cap;
+            tp.hit_cap = stage.hit_cap;
+            let cfg = LaunchConfig { grid, block: topk_block, shared_bytes: stage.shared_bytes };
+            let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
+            // SAFETY: as above, TopkParams mirrors the kernels' struct.
+            unsafe { launch(a.device, kernel, cfg, stream, &mut targs)? };
         }
     }
     Ok(())
@@ -448,12 +489,118 @@ pub unsafe fn launch_indexer(l: &IndexerLaunch) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use b12x_core::indexer::{Precision, HEAD_TILE, SCALE_OFFSET};
+
+    /// `#define NAME value` of the kernel sources, where the value is a
+    /// literal, another define, or a product of those (in parentheses).
+    fn define(sources: &[&str], name: &str) -> u64 {
+        let prefix = format!("#define {name} ");
+        let line = sources
+            .iter()
+            .flat_map(|s| s.lines())
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("{name} is not defined"));
+        let text = line[prefix.len()..].split("//").next().unwrap();
+        text.trim()
+            .trim_matches(|c| c == '(' || c == ')')
+            .split('*')
+            .map(|factor| {
+                let f = factor.trim().trim_end_matches('u');
+                match f.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16).unwrap(),
+                    None => f.parse().unwrap_or_else(|_| define(sources, f)),
+                }
+            })
+            .product()
+    }
+
+    #[test]
+    fn kernel_constants_match_the_sources() {
+        let sources = [
+            include_str!("../../../kernels/indexer_common.cuh"),
+            include_str!("../../../kernels/indexer_decode.cu"),
+            include_str!("../../../kernels/indexer_prefill.cu"),
+            include_str!("../../../kernels/indexer_wgmma.cu"),
+            include_str!("../../../kernels/indexer_topk.cu"),
+        ];
+        for (name, value) in [
+            // b12x_core::indexer: the page format and the status record
+            ("IDX_PAGE_ROWS", PAGE_SIZE as u64),
+            ("IDX_HEAD_DIM", HEAD_DIM as u64),
+            ("IDX_SCALE_OFFSET", SCALE_OFFSET),
+            ("IDX_STATUS_WORDS", STATUS_WORDS as u64),
+            ("IDX_HEAD_TILE", HEAD_TILE as u64),
+            ("IDX_MAX_HEADS", MAX_HEADS as u64),
+            ("IDX_TOPK_MIN", SUPPORTED_TOPK[0] as u64),
+            ("IDX_TOPK_MAX", *SUPPORTED_TOPK.last().unwrap() as u64),
+            ("PREFILL_TOKENS", SUPERTILE_QUANTUM as u64),
+            // this launcher's tile shapes
+            ("DECODE_WARPS", DECODE_WARPS as u64),
+            ("DECODE_MAX_PAGES_PER_CTA", DECODE_MAX_PAGES_PER_CTA as u64),
+            ("PREFILL_WARPS", PREFILL_WARPS as u64),
+            ("PREFILL_TOKENS", PREFILL_TOKENS as u64),
+            ("PREFILL_ROWS", PREFILL_ROWS as u64),
+            ("TOPK_THREADS", TOPK_THREADS as u64),
+            ("STAGED_HIT_MAX", STAGED_HIT_MAX as u64),
+            ("WG_THREADS", WGMMA_THREADS as u64),
+            ("WG_DECODE_STAGES", WGMMA_DECODE_STAGES as u64),
+            ("WG_PREFILL_STAGES", WGMMA_PREFILL_STAGES as u64),
+            ("WG_PREFILL_ROWS", WGMMA_PREFILL_ROWS as u64),
+            ("WG_PREFILL_MIN_CTAS", WGMMA_PREFILL_CTAS_PER_SM as u64),
+        ] {
+            assert_eq!(define(&sources, name), value, "{name}");
+        }
+        assert_eq!(PAGE_BYTES, (PAGE_SIZE * HEAD_DIM + PAGE_SIZE * 4) as u64);
+        // the supported widths: every power of two from the kernels' min to max
+        let widths: Vec<u32> = (9..=11).map(|k| 1 << k).collect();
+        assert_eq!(SUPPORTED_TOPK.as_slice(), widths.as_slice());
+    }
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 10 u64 + 6 u32 and 13 u64 + 10 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
-        assert_eq!(std::mem::size_of::<ScoreParams>(), 10 * 8 + 6 * 4);
-        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 10 * 4);
+        // 11 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
+        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
+    }
+
+    #[test]
+    fn topk_stages_fit_the_device_and_fall_back_to_the_general_paths() {
+        const H200: u32 = 232448; // 227 KiB opt-in
+        const SM120: u32 = 101376; // 99 KiB opt-in
+                                   // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
+        assert_eq!(k, Kernel::IndexerTopkFold);
+        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
+        // more rows than SMs: the prefix stage, two CTAs per SM
+        let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
+        assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
+        assert_eq!(st.shared_bytes, 16544 + 12 * 2048 + 2 * 33280);
+        assert!(2 * (st.shared_bytes + 1024) <= 233472);
+        // 99 KiB: the raw stage does not fit; the prefix one does with a shorter list
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 188, SM120);
+        assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
+        assert_eq!(st.hit_cap, 1520);
+        assert!(st.shared_bytes <= SM120);
+        // nothing fits: the general paths only, in their own shared memory
+        let none = topk_stage(true, 2048, 131072 + 2048, SM120);
+        assert_eq!(none, TopkStage::GENERAL);
+        assert_eq!(TopkStage::GENERAL.shared_bytes, 41240);
+        // hit lists are multiples of 4 and never above the kernels' maximum
+        for topk in SUPPORTED_TOPK {
+            for cand in [1024, 8192, 33280, 67584] {
+                for raw in [true, false] {
+                    let st = topk_stage(raw, topk, cand, H200);
+                    assert_eq!(st.hit_cap % 4, 0);
+                    assert!(st.hit_cap <= STAGED_HIT_MAX && st.shared_bytes <= H200);
+                    let want = if st.stage_cap == 0 {
+                        TOPK_GENERAL_SMEM
+                    } else {
+                        topk_shared_bytes(raw, st.hit_cap, cand)
+                    };
+                    assert_eq!(st.shared_bytes, want);
+                }
+            }
+        }
     }
 
     #[test]
@@ -465,6 +612,8 @@ mod tests {
         assert_eq!(slice_len(131072, 32), 4096);
         assert_eq!(slice_len(1536, 2), 1024);
         assert_eq!(slice_len(1024, 2), 512);
+        assert_eq!(kernel_pages(10), 10);
+        assert_eq!(kernel_pages(u64::MAX), 1 << 31);
     }
 
     #[test]
@@ -477,8 +626,11 @@ mod tests {
     #[test]
     fn wgmma_shapes() {
         // 64 heads: 4 x 8 KiB ring + f16 Q + 1 KiB scales + weights + ids + 1 KiB alignment.
-        assert_eq!(wgmma_shared_bytes(64, 1), 32768 + 16384 + 1024 + 320 + 16 + 1024);
-        assert_eq!(wgmma_shared_bytes(64, 4), 32768 + 65536 + 1024 + 1088 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 1, false), 32768 + 16384 + 1024 + 320 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4, false), 32768 + 65536 + 1024 + 1088 + 16 + 1024);
+        // the fast flavor keeps Q as FP8: half the Q bytes
+        assert_eq!(wgmma_shared_bytes(64, 1, true), 32768 + 8192 + 1024 + 320 + 16 + 1024);
+        assert_eq!(wgmma_shared_bytes(64, 4, true), 32768 + 32768 + 1024 + 1088 + 16 + 1024);
         // 1024 row blocks fill the SMs: one split; 16 row blocks: the chunk is split.
         assert_eq!(wgmma_prefill_pages_per_cta(4096, 32768, 132), 512);
         assert_eq!(wgmma_prefill_pages_per_cta(64, 32768, 132), 16);
@@ -487,13 +639,12 @@ mod tests {
 
     #[test]
     fn scorer_table_matches_route_flavor_and_heads() {
-        let flavors =
-            [(MmaFlavor::E4m3, "e4m3"), (MmaFlavor::F16, "f16"), (MmaFlavor::Wgmma, "wgmma")];
         for (route, name) in [(Route::PagedDecode, "decode"), (Route::SharedPrefill, "prefill")] {
-            for (flavor, tag) in flavors {
+            for flavor in MmaFlavor::ALL {
+                let tag = flavor.name();
                 for (heads, tile) in [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64)] {
                     let symbol = scorer(route, flavor, heads).symbol();
-                    let flavor_first = flavor == MmaFlavor::Wgmma;
+                    let flavor_first = matches!(flavor, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8);
                     let expected = if flavor_first {
                         format!("b12x_indexer_{tag}_{name}_h{tile}")
                     } else {
@@ -505,64 +656,18 @@ mod tests {
         }
     }
 
+    /// Core's default flavor for an arch always has its kernels in a module
+    /// that loads on that arch (the module table is the one "where" table).
     #[test]
-    fn flavor_by_arch() {
-        assert_eq!(MmaFlavor::for_compute_capability((9, 0)), MmaFlavor::Wgmma);
-        assert_eq!(MmaFlavor::for_compute_capability((12, 0)), MmaFlavor::E4m3);
-        assert_eq!(MmaFlavor::for_compute_capability((8, 9)), MmaFlavor::E4m3);
-        assert_eq!(MmaFlavor::for_compute_capability((10, 0)), MmaFlavor::F16);
-    }
-
-    fn sample() -> IndexerLaunch {
-        IndexerLaunch {
-            device: 0,
-            stream: 0,
-            route: Route::PagedDecode,
-            physical: false,
-            flavor: None,
-            rows: 2,
-            heads: 64,
-            width: 16,
-            topk: 512,
-            supertile: 1024,
-            topk_slices: 1,
-            rows_cap: 2,
-            q: 1,
-            weights: 1,
-            kcache: 1,
-            page_stride: PAGE_BYTES,
-            page_table: 1,
-            page_table_row_stride: 16,
-            lengths: 1,
-            active_width: 1,
-            out_indices: 1,
-            out_scores: 0,
-            logits: 1,
-            carry_values: 1,
-            carry_indices: 1,
-            partial_values: 0,
-            partial_indices: 0,
-        }
-    }
-
-    #[test]
-    fn bad_launches_are_refused_with_the_reason() {
-        assert!(check(&sample()).is_ok());
-        type Mutation = fn(&mut IndexerLaunch);
-        let cases: [(Mutation, &str); 7] = [
-            (|l| l.topk = 4, "topk expected one of"),
-            (|l| l.heads = 65, "heads expected"),
-            (|l| l.supertile = 1000, "supertile expected"),
-            (|l| l.topk_slices = 3, "topk_slices expected"),
-            (|l| l.page_stride = 8447, "page_stride expected"),
-            (|l| l.rows = 3, "rows expected"),
-            (|l| l.topk_slices = 2, "partial regions"),
-        ];
-        for (mutate, msg) in cases {
-            let mut l = sample();
-            mutate(&mut l);
-            let err = check(&l).expect_err(msg).to_string();
-            assert!(err.contains(msg), "{err}");
+    fn default_flavors_run_where_they_are_picked() {
+        for cc in [(8, 9), (9, 0), (10, 0), (12, 0)] {
+            for precision in [Precision::Exact, Precision::Fast] {
+                let flavor = MmaFlavor::for_device(cc, precision);
+                for route in [Route::PagedDecode, Route::SharedPrefill] {
+                    let kernel = scorer(route, flavor, 64);
+                    assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
+                }
+            }
         }
     }
 }

@@ -5,6 +5,7 @@
 //! * [`device`]: per-device module loading in the primary context (the one
 //!   torch uses). Modules load when a plan is made, never in a hot call.
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
+//! * [`indexer`]: the C4 indexer's launchers, straight from a core binding.
 //! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
 //!
 //! cudarc is used with dynamic loading: nothing here needs libcuda until a
@@ -17,7 +18,6 @@ pub mod indexer;
 pub mod ipc;
 pub mod launch;
 pub mod ptx;
-pub mod topk_pad;
 
 pub use device::{
     can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,

@@ -82,7 +82,6 @@ macro_rules! modules {
 }
 
 modules! {
-    topk_pad: Baseline => [FillTopkPadding = "b12x_fill_topk_padding"],
     allreduce: Baseline => [
         ArOneShotF16 = "b12x_allreduce_oneshot_f16",
         ArOneShotBF16 = "b12x_allreduce_oneshot_bf16",
@@ -121,6 +120,7 @@ modules! {
     ],
     indexer_topk: Baseline => [
         IndexerTopkFold = "b12x_indexer_topk_fold",
+        IndexerTopkFoldPrefix = "b12x_indexer_topk_fold_prefix",
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
     ],
@@ -133,6 +133,14 @@ modules! {
         IndexerWgmmaPrefillH32 = "b12x_indexer_wgmma_prefill_h32",
         IndexerWgmmaPrefillH48 = "b12x_indexer_wgmma_prefill_h48",
         IndexerWgmmaPrefillH64 = "b12x_indexer_wgmma_prefill_h64",
+        IndexerWgmmaFp8DecodeH16 = "b12x_indexer_wgmma_fp8_decode_h16",
+        IndexerWgmmaFp8DecodeH32 = "b12x_indexer_wgmma_fp8_decode_h32",
+        IndexerWgmmaFp8DecodeH48 = "b12x_indexer_wgmma_fp8_decode_h48",
+        IndexerWgmmaFp8DecodeH64 = "b12x_indexer_wgmma_fp8_decode_h64",
+        IndexerWgmmaFp8PrefillH16 = "b12x_indexer_wgmma_fp8_prefill_h16",
+        IndexerWgmmaFp8PrefillH32 = "b12x_indexer_wgmma_fp8_prefill_h32",
+        IndexerWgmmaFp8PrefillH48 = "b12x_indexer_wgmma_fp8_prefill_h48",
+        IndexerWgmmaFp8PrefillH64 = "b12x_indexer_wgmma_fp8_prefill_h64",
     ],
 }
 

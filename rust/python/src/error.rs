@@ -21,6 +21,7 @@ pub mod exc {
     import_exception!(b12x.errors, KernelLoadError);
     import_exception!(b12x.errors, LayoutError);
     import_exception!(b12x.errors, NotATensorError);
+    import_exception!(b12x.errors, PageTableError);
     import_exception!(b12x.errors, ShapeError);
     import_exception!(b12x.errors, UndeclaredPlanError);
 }

@@ -7,33 +7,26 @@
 //! home) and are registered in `_core` under `Indexer*` names.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use b12x_core::indexer::{
-    self, Caps, CapsRequest, IndexSpace, InternCache, Mode, Operands, Plan, Region, RegionId,
-    Route, PAGE_SIZE,
+    self, Caps, CapsRequest, DeviceFacts, IndexSpace, InternCache, MmaFlavor, Mode, Operands,
+    PageFault, Plan, PlanOptions, Precision, Region, PAGE_SIZE,
 };
 use b12x_core::{DType, Device, Error as CoreError};
-use b12x_cuda::indexer::{launch_indexer, IndexerLaunch, MmaFlavor, Route as LaunchRoute};
+use b12x_cuda::indexer::{available_flavors, launch_indexer};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyInt, PyList, PyString, PyTuple, PyType};
 use pyo3::{intern, IntoPyObjectExt};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::error::PyB12xResult;
+use crate::error::{exc, PyB12xResult};
 use crate::tensor::{extract_torch_tensor, is_torch_tensor, short_repr};
 
 /// Name of the one scratch buffer a plan asks for.
 const SCRATCH_NAME: &str = "paged_indexer.scratch";
-
-/// The GPU kernels are wired into [`run_cuda`]; `dsa_indexer.is_supported()` reads it.
-const KERNELS_WIRED: bool = true;
-
-/// Test hook: 0 = each device's own MMA flavor, 1 = force e4m3, 2 = force f16,
-/// 3 = force wgmma (lets an sm_90 test run the kernels other devices use).
-static FORCED_MMA_FLAVOR: AtomicU8 = AtomicU8::new(0);
 
 static PLANS: LazyLock<InternCache<Caps, Py<PyPlan>>> = LazyLock::new(InternCache::new);
 
@@ -229,6 +222,16 @@ fn quote_huge(e: CoreError, args: &[IntArg]) -> CoreError {
 /// torch.device, "cpu", "cuda" (torch's current device), "cuda:N" or an
 /// ordinal N, and a CUDA device must be one torch can see (N <= 127). Every
 /// refusal is a ``ConfigError`` naming the field.
+///
+/// ``precision`` "exact" (the default): fp32 accumulation of exact FP8
+/// products, the same logits on every architecture. "fast": a device may use
+/// a faster MMA with reduced-precision accumulation (Hopper: FP8 wgmma,
+/// ``Plan.mma_flavor == "wgmma_fp8"``); every logit stays within 1e-3 of the
+/// exact one relative to its magnitude, ``scale * sum_h |w_h| * |q_h . k|``
+/// (1e-3 relative to the logit itself when no term is negative), and the
+/// selected set equals the exact one's except for indices whose logit lies
+/// within that tolerance of the k-th value. Where the hardware has no faster
+/// path, "fast" runs the exact flavor.
 #[pyclass(name = "Caps", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyCaps {
     caps: Caps,
@@ -241,7 +244,8 @@ pub struct PyCaps {
 impl PyCaps {
     #[new]
     #[pyo3(signature = (*, device, num_q_heads, max_q_rows, max_page_table_width, topk,
-        mode=None, output_index_space=None, page_size=None, supertile_tokens=None))]
+        mode=None, output_index_space=None, page_size=None, supertile_tokens=None,
+        precision=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         device: &Bound<'_, PyAny>,
@@ -253,6 +257,7 @@ impl PyCaps {
         output_index_space: Option<&Bound<'_, PyAny>>,
         page_size: Option<&Bound<'_, PyAny>>,
         supertile_tokens: Option<&Bound<'_, PyAny>>,
+        precision: Option<&Bound<'_, PyAny>>,
     ) -> PyB12xResult<Self> {
         let or = |arg: Option<&Bound<'_, PyAny>>, field, default| match arg {
             Some(obj) => int_arg(field, obj),
@@ -274,6 +279,10 @@ impl PyCaps {
             Some(s) => IndexSpace::parse(&str_arg("output_index_space", s)?)?,
             None => IndexSpace::Logical,
         };
+        let precision = match precision {
+            Some(p) => Precision::parse(&str_arg("precision", p)?)?,
+            None => Precision::Exact,
+        };
         let (dev, device_obj) = parse_device(device)?;
         let [heads, rows, width, topk, page_size, supertile] = &ints;
         let caps = Caps::new(&CapsRequest {
@@ -286,6 +295,7 @@ impl PyCaps {
             index_space,
             page_size: page_size.value,
             supertile_tokens: supertile.value,
+            precision,
         })
         .map_err(|e| quote_huge(e, &ints))?;
         Ok(PyCaps { caps, key: caps.bucketed(), device: device_obj })
@@ -326,6 +336,10 @@ impl PyCaps {
     #[getter]
     fn supertile_tokens(&self) -> u32 {
         self.caps.supertile_tokens
+    }
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.caps.precision.name()
     }
 
     fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
@@ -523,8 +537,8 @@ impl PyLayout {
     }
 }
 
-/// An immutable plan: route, chunking and scratch layout, resolved once for
-/// a :class:`Caps` rounded up to its buckets. Holds no tensors and no
+/// An immutable plan: route, MMA flavor, chunking and scratch layout,
+/// resolved once for a :class:`Caps` rounded up to its buckets. Holds no tensors and no
 /// addresses; one plan serves every call whose rows and page-table width fit
 /// its capacities. Made by :func:`plan` (interned: equal caps, same object).
 #[pyclass(name = "Plan", module = "b12x.attention.dsa_indexer", frozen)]
@@ -596,10 +610,27 @@ impl PyPlan {
     fn multiprocessors(&self) -> u32 {
         self.plan.multiprocessors()
     }
+    /// "exact" or "fast" (see :class:`Caps`).
+    #[getter]
+    fn precision(&self) -> &'static str {
+        self.plan.caps().precision.name()
+    }
+    /// The scorers' MMA flavor, resolved from the device and the precision:
+    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" (fast, sm_90) on a GPU
+    /// (see ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
+    #[getter]
+    fn mma_flavor(&self) -> &'static str {
+        self.plan.mma_flavor().map_or("reference", MmaFlavor::name)
+    }
     /// Slices of the two-stage top-k (1: one CTA per row reads each chunk).
     #[getter]
     fn topk_slices(&self) -> u32 {
         self.plan.topk_slices()
+    }
+    /// True for a benchmark plan that runs the top-k stage only.
+    #[getter]
+    fn topk_only(&self) -> bool {
+        self.plan.topk_only()
     }
     #[getter]
     fn nbytes(&self) -> u64 {
@@ -622,15 +653,37 @@ impl PyPlan {
     }
 }
 
-fn build_plan(py: Python<'_>, caps: &PyCaps) -> PyB12xResult<Py<PyPlan>> {
+fn build_plan(py: Python<'_>, caps: &PyCaps, options: &PlanOptions) -> PyB12xResult<Py<PyPlan>> {
     // Modules load here, never in run: the driver's JIT stays out of hot calls.
-    let multiprocessors = match caps.caps.device {
+    let facts = match caps.caps.device {
         Device::Cuda(ordinal) => {
-            py.detach(|| b12x_cuda::ensure_loaded(ordinal).map(|m| m.multiprocessors))?
+            let m = py.detach(|| b12x_cuda::ensure_loaded(ordinal))?;
+            DeviceFacts {
+                multiprocessors: m.multiprocessors,
+                compute_capability: m.compute_capability,
+            }
         }
-        _ => 1,
+        _ => DeviceFacts::CPU,
     };
-    let plan = Arc::new(Plan::new(&caps.caps, multiprocessors)?);
+    let plan = Arc::new(Plan::with_options(&caps.caps, &facts, options)?);
+    if let (Some(forced), Device::Cuda(ordinal)) = (options.mma_flavor, caps.caps.device) {
+        let runs = available_flavors(ordinal)?;
+        if !runs.contains(&forced) {
+            let names: Vec<&str> = runs.iter().map(|f| f.name()).collect();
+            let (major, minor) = facts.compute_capability;
+            return Err(CoreError::InvalidValue {
+                op: "plan",
+                operand: "mma_flavor".into(),
+                expected: format!(
+                    "one of the flavors cuda:{ordinal} (sm_{major}{minor}) runs: {}",
+                    names.join(", ")
+                )
+                .into(),
+                got: format!("{:?}", forced.name()),
+            }
+            .into());
+        }
+    }
     let device = caps.device.clone_ref(py);
     let uint8 = torch_dtype(py, DType::U8)?;
     let bucketed = PyCaps { caps: *plan.caps(), key: *plan.caps(), device: device.clone_ref(py) };
@@ -671,14 +724,25 @@ fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyP
     if let Some(hit) = PLANS.with(&caps.key, |p| p.clone_ref(py)) {
         return Ok(hit);
     }
-    let built = build_plan(py, caps)?;
+    let built = build_plan(py, caps, &PlanOptions::default())?;
     Ok(PLANS.insert_if_absent(caps.key, built).clone_ref(py))
 }
 
-/// A new, uncached plan every call (for benchmarks and tests).
+/// A new, uncached plan every call (for benchmarks and tests), optionally
+/// with the scorers' MMA flavor forced to ``mma_flavor`` (one the device
+/// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use),
+/// or running the top-k stage only (``topk_only``: on the logits a full run
+/// left in the scratch; the benchmark's ``topk_only`` arm).
 #[pyfunction]
-fn indexer_build_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyPlan>> {
-    build_plan(py, caps.get())
+#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false))]
+fn indexer_build_plan(
+    py: Python<'_>,
+    caps: &Bound<'_, PyCaps>,
+    mma_flavor: Option<&str>,
+    topk_only: bool,
+) -> PyB12xResult<Py<PyPlan>> {
+    let mma_flavor = mma_flavor.map(MmaFlavor::parse).transpose()?;
+    build_plan(py, caps.get(), &PlanOptions { mma_flavor, topk_only })
 }
 
 #[pyfunction]
@@ -756,10 +820,19 @@ impl PyBinding {
             ("out_indices", a.out_indices),
             ("out_scores", a.out_scores),
             ("scratch", a.scratch),
+            ("pages", a.pages),
         ] {
             d.set_item(k, v)?;
         }
         Ok(d)
+    }
+    /// Raises :class:`b12x.errors.PageTableError` for the first page id at or
+    /// past ``index_k_cache.shape[0]`` that a run on this binding's device met
+    /// since the last check (such ids are skipped as unmapped), then clears
+    /// the record. Synchronizes the device: keep it off hot paths and out of
+    /// graph captures.
+    fn check(&self, py: Python<'_>) -> PyB12xResult<()> {
+        check_device(py, self.core.plan().caps().device)
     }
     /// Address of a scratch region (scratch base + the layout offset).
     fn region_address(&self, name: &str) -> PyResult<u64> {
@@ -897,6 +970,9 @@ fn indexer_run(py: Python<'_>, binding: &Bound<'_, PyBinding>) -> PyB12xResult<P
     Ok(b.output_indices.clone_ref(py))
 }
 
+/// The first page fault of CPU runs since the last check (the CPU's status record).
+static CPU_FAULT: Mutex<Option<PageFault>> = Mutex::new(None);
+
 fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
     static REFERENCE_RUN: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = binding.py();
@@ -905,71 +981,50 @@ fn run_cpu(binding: &Bound<'_, PyBinding>) -> PyResult<()> {
             py.import("b12x.attention.dsa_indexer.reference")?.getattr("run_binding")?.unbind(),
         )
     })?;
-    f.bind(py).call1((binding,))?;
+    let fault: Option<(u32, u32, i64)> = f.bind(py).call1((binding,))?.extract()?;
+    if let Some((row, column, page_id)) = fault {
+        let pages = binding.get().core.args().pages;
+        let mut first = CPU_FAULT.lock().unwrap_or_else(|p| p.into_inner());
+        first.get_or_insert(PageFault { row, column, page_id, pages });
+    }
     Ok(())
 }
 
-/// Enqueues paged FP8 scoring + exact top-k for `b.core` (plan +
-/// `IndexerArgs`) on torch's current stream of the binding's device: no
-/// allocation, no sync, grids from static shapes only.
+/// Reads and clears `device`'s page-fault record; raises PageTableError when set.
+fn check_device(py: Python<'_>, device: Device) -> PyB12xResult<()> {
+    let fault = match device {
+        Device::Cuda(ordinal) => py.detach(|| b12x_cuda::indexer::take_page_fault(ordinal))?,
+        _ => CPU_FAULT.lock().unwrap_or_else(|p| p.into_inner()).take(),
+    };
+    match fault {
+        Some(f) => Err(exc::PageTableError::new_err(f.to_string()).into()),
+        None => Ok(()),
+    }
+}
+
+/// ``dsa_indexer.check(device)``: :meth:`Binding.check` for every binding of a
+/// device (``None`` = the CPU).
+#[pyfunction]
+#[pyo3(signature = (ordinal, /))]
+fn indexer_check(py: Python<'_>, ordinal: Option<u32>) -> PyB12xResult<()> {
+    check_device(py, ordinal.map_or(Device::Cpu, Device::Cuda))
+}
+
+/// Enqueues paged FP8 scoring + exact top-k for `b.core` on torch's current
+/// stream of the binding's device: no allocation, no sync, grids from static
+/// shapes only.
 fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
-    let core = &b.core;
-    let args = core.args();
+    let args = b.core.args();
     if args.rows == 0 {
         return Ok(()); // nothing to write; kernels never see an empty grid
     }
-    let plan = core.plan();
-    let slices = plan.topk_slices();
-    let partial = |id| if slices > 1 { core.region_address(id) } else { 0 };
-    let launch = IndexerLaunch {
-        device: args.device,
-        stream: crate::torch_stream::current_stream(py, args.device)?,
-        route: match plan.route() {
-            Route::PagedDecode => LaunchRoute::PagedDecode,
-            Route::SharedPrefill => LaunchRoute::SharedPrefill,
-        },
-        physical: plan.caps().index_space == IndexSpace::Physical,
-        flavor: match FORCED_MMA_FLAVOR.load(Ordering::Relaxed) {
-            1 => Some(MmaFlavor::E4m3),
-            2 => Some(MmaFlavor::F16),
-            3 => Some(MmaFlavor::Wgmma),
-            _ => None,
-        },
-        rows: args.rows,
-        heads: args.heads,
-        width: args.width,
-        topk: args.topk,
-        supertile: plan.supertile(),
-        topk_slices: slices,
-        rows_cap: plan.rows_capacity(),
-        q: args.q,
-        weights: args.weights,
-        kcache: args.kcache,
-        page_stride: args.page_stride,
-        page_table: args.page_table,
-        page_table_row_stride: args.page_table_row_stride,
-        lengths: args.lengths,
-        active_width: args.active_width,
-        out_indices: args.out_indices,
-        out_scores: args.out_scores,
-        logits: core.region_address(RegionId::Logits),
-        carry_values: core.region_address(RegionId::CarryValues),
-        carry_indices: core.region_address(RegionId::CarryIndices),
-        partial_values: partial(RegionId::PartialValues),
-        partial_indices: partial(RegionId::PartialIndices),
-    };
+    let stream = crate::torch_stream::current_stream(py, args.device)?;
     // SAFETY: bind checked every operand against the plan (dtype, shape,
     // strides, device, extent, disjointness) and carved the scratch regions
-    // from a buffer of at least plan.nbytes(); the stream is torch's current
-    // stream of that device.
-    unsafe { launch_indexer(&launch)? };
+    // from a buffer of at least plan.nbytes(); the binding holds the tensors,
+    // and the stream is torch's current stream of that device.
+    unsafe { launch_indexer(&b.core, stream)? };
     Ok(())
-}
-
-/// Test hook: force the scorers' MMA flavor (0 = the device's, 1 = e4m3, 2 = f16, 3 = wgmma).
-#[pyfunction]
-fn _indexer_force_mma_flavor(flavor: u8) {
-    FORCED_MMA_FLAVOR.store(flavor, Ordering::Relaxed);
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -980,14 +1035,21 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IndexerScratchSpec", py.get_type::<PyScratchSpec>())?;
     m.add("IndexerScratchLayout", py.get_type::<PyLayout>())?;
     m.add("IndexerScratchRegion", py.get_type::<PyRegion>())?;
-    m.add("INDEXER_KERNELS_WIRED", KERNELS_WIRED)?;
     m.add("INDEXER_SCRATCH_NAME", SCRATCH_NAME)?;
+    // The page and top-k facts, from their one home (b12x_core::indexer).
+    m.add("INDEXER_PAGE_SIZE", indexer::PAGE_SIZE)?;
+    m.add("INDEXER_HEAD_DIM", indexer::HEAD_DIM)?;
+    m.add("INDEXER_PAGE_BYTES", indexer::PAGE_BYTES)?;
+    m.add("INDEXER_SCALE_OFFSET", indexer::SCALE_OFFSET)?;
+    m.add("INDEXER_MAX_HEADS", indexer::MAX_HEADS)?;
+    m.add("INDEXER_SUPPORTED_TOPK", PyTuple::new(py, indexer::SUPPORTED_TOPK)?)?;
+    m.add("INDEXER_MMA_FLAVORS", PyTuple::new(py, MmaFlavor::ALL.map(MmaFlavor::name))?)?;
     m.add_function(wrap_pyfunction!(indexer_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_build_plan, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_plan_count, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_clear_plans, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_bind, m)?)?;
     m.add_function(wrap_pyfunction!(indexer_run, m)?)?;
-    m.add_function(wrap_pyfunction!(_indexer_force_mma_flavor, m)?)?;
+    m.add_function(wrap_pyfunction!(indexer_check, m)?)?;
     Ok(())
 }

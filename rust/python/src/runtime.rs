@@ -1,13 +1,10 @@
-//! Driver facts, module loading and the first kernel, for Python.
+//! Driver facts and module loading, for Python.
 
-use b12x_core::validate::Operand;
-use b12x_core::{DType, Device};
-use b12x_cuda::{device, ptx, topk_pad};
+use b12x_cuda::{device, ptx};
 use pyo3::prelude::*;
 use pyo3::types::{IntoPyDict, PyDict};
 
 use crate::error::PyB12xResult;
-use crate::tensor::extract;
 
 /// Embedded PTX and build facts, for bug reports and `b12x doctor`.
 #[pyfunction]
@@ -77,46 +74,6 @@ fn kernels_loaded(ordinal: u32) -> bool {
     device::loaded(ordinal).is_ok()
 }
 
-/// Fills int32 `indices` with -1 and float32 `scores` (optional, same shape)
-/// with -inf, on `stream` (a CUstream as int). Kernels must be loaded first.
-#[pyfunction]
-fn fill_topk_padding(
-    indices: &Bound<'_, PyAny>,
-    scores: Option<&Bound<'_, PyAny>>,
-    stream: u64,
-) -> PyB12xResult<()> {
-    const OP: &str = "fill_topk_padding";
-    let idx = extract(indices, OP, "indices")?;
-    let Device::Cuda(ordinal) = idx.device else {
-        return Err(b12x_core::Error::Device {
-            op: OP,
-            operand: "indices".into(),
-            expected: Device::Cuda(0),
-            got: idx.device,
-        }
-        .into());
-    };
-    Operand::new(OP, "indices", &idx).dtype(&[DType::I32])?.contiguous()?.aligned(4)?;
-    let mut scores_ptr = 0u64;
-    if let Some(scores) = scores {
-        let sc = extract(scores, OP, "scores")?;
-        let shape: Vec<Option<i64>> = idx.shape.iter().map(|&d| Some(d)).collect();
-        Operand::new(OP, "scores", &sc)
-            .dtype(&[DType::F32])?
-            .device(idx.device)?
-            .shape(&shape)?
-            .contiguous()?
-            .aligned(4)?;
-        scores_ptr = sc.address();
-    }
-    // SAFETY: both operands were checked to be contiguous 4-byte tensors of
-    // `numel` elements on `ordinal`; the stream comes from the caller (torch).
-    unsafe {
-        topk_pad::fill_topk_padding(ordinal, idx.address(), scores_ptr, idx.numel(), stream)?
-    };
-    Ok(())
-}
-
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(driver_present, m)?)?;
@@ -126,6 +83,5 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(can_access_peer, m)?)?;
     m.add_function(wrap_pyfunction!(load_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels_loaded, m)?)?;
-    m.add_function(wrap_pyfunction!(fill_topk_padding, m)?)?;
     Ok(())
 }

@@ -10,6 +10,7 @@ Lifecycle (names are drop-in for the vLLM adapter)::
              index_k_cache=cache, page_table=table, cache_lengths=lens,
              active_width=aw, output_indices=out, output_scores=scores)
     run(b)                               # writes every slot of out (and scores)
+    b.check()                            # debugging: syncs, raises PageTableError
 
 * :func:`plan` is host work only (on a CUDA device its first call loads the
   kernels there). A plan holds no tensors and no addresses.
@@ -20,6 +21,9 @@ Lifecycle (names are drop-in for the vLLM adapter)::
   ``plan.nbytes`` bytes, the outputs) must share no byte with any input or
   with each other: an overlap is a ``ConfigError`` naming both operands.
 * :func:`run` enqueues device work only, so it can be captured in a CUDA graph.
+* :meth:`Binding.check` / :func:`check` (debugging, off the hot path) sync the
+  device and raise :class:`b12x.errors.PageTableError` for a page id past the
+  K cache that a run met.
 
 Bucketed capacities
 -------------------
@@ -39,6 +43,43 @@ contiguous and 16-byte aligned; a larger one is fine. ``bind`` takes it as a
 tensor, a mapping ``{"paged_indexer.scratch": tensor}`` or a one-element
 sequence. Its regions (``plan.layout``) start on 1024-byte boundaries. Its
 contents need no initialisation: ``run`` initialises what it uses.
+
+Precision
+---------
+``Caps(precision="exact")`` (the default): fp32 accumulation of exact FP8
+products, the same logits on every architecture, deterministic ties.
+``precision="fast"`` lets a device use a faster MMA with reduced-precision
+accumulation; on Hopper (sm_90) that is FP8 wgmma. Its contract: every logit
+within 1e-3 of the fp32 reference relative to its magnitude
+``scale * sum_h |w_h| * |q_h . k|`` (which is ``|logit|`` when no term is
+negative), and the selected set equal to the reference's except for indices
+whose logit lies within that tolerance of the k-th value. Where the hardware
+has no faster path, "fast" is exact. ``Plan.mma_flavor`` (and the plan's
+repr) says which flavor runs: "e4m3", "f16", "wgmma", "wgmma_fp8" or
+"reference" (CPU).
+
+Page ids
+--------
+``page_table`` holds page ids of ``index_k_cache`` (its rows); ``-1`` (any
+negative id) is an unmapped page. Entries past a row's live length are never
+read. An id at or past ``index_k_cache.shape[0]`` is a caller error that the
+kernels contain: they bound every id by the bound cache's page count, treat
+such a page as unmapped (never read, never a candidate) and record the first
+one (row, column, id) in a per-device status word that runs never clear.
+Reading it needs a sync, so it is not read in ``run``: call ``Binding.check()``
+or :func:`check` where a sync is acceptable; it raises ``PageTableError``
+naming the entry and clears the record. CPU runs follow the same rule.
+Physical indices ``page_id * 64 + slot`` are computed in 64 bits; ``bind``
+refuses a physical-output call whose cache has more than 2^25 pages (the
+indices would not fit int32).
+
+Routes
+------
+``plan.route`` (also on ``plan.layout`` and on a binding) is ``"paged_decode"``
+for decode plans and ``"packed_contiguous"`` for prefill plans. The prefill
+name is the one vLLM's b12x adapters assert; the kernel does not pack K into
+a contiguous buffer: every query row reads its request's page-table row in
+place (a stride-0 table) and the scorer tiles rows x 512 tokens as a GEMM.
 
 Semantics
 ---------
@@ -67,6 +108,7 @@ __all__ = [
     "ScratchSpec",
     "bind",
     "cached_plan_count",
+    "check",
     "clear_caches",
     "is_supported",
     "plan",
@@ -76,13 +118,13 @@ __all__ = [
 ]
 
 #: Compressed K rows per page of the index cache.
-PAGED_INDEX_PAGE_SIZE = 64
+PAGED_INDEX_PAGE_SIZE: int = _core.INDEXER_PAGE_SIZE
 #: Elements per index head.
-INDEX_HEAD_DIM = 128
+INDEX_HEAD_DIM: int = _core.INDEXER_HEAD_DIM
 #: Bytes per cache page: 64 x 128 FP8 values, then 64 float32 scales (planar).
-INDEX_PAGE_BYTES = 8448
+INDEX_PAGE_BYTES: int = _core.INDEXER_PAGE_BYTES
 #: The top-k sizes the selection kernels are built for.
-SUPPORTED_TOPK = (512, 1024, 2048)
+SUPPORTED_TOPK: tuple[int, ...] = _core.INDEXER_SUPPORTED_TOPK
 #: Name of the one scratch buffer in ``Plan.scratch_specs()``.
 SCRATCH_NAME: str = _core.INDEXER_SCRATCH_NAME
 
@@ -102,12 +144,10 @@ run = _core.indexer_run
 def is_supported(device: Any = None) -> bool:
     """True when :func:`run` can execute on a GPU here.
 
-    Needs the GPU kernels to be built into this b12x, a CUDA driver with a
-    device, and FP8 MMA (compute capability 8.9 or newer) on ``device``
-    (default: CUDA device 0). CPU tensors always run the reference.
+    Needs a CUDA driver with a device and FP8 MMA (compute capability 8.9 or
+    newer) on ``device`` (default: CUDA device 0). CPU tensors always run the
+    reference.
     """
-    if not _core.INDEXER_KERNELS_WIRED:
-        return False
     from b12x import cuda
 
     if not cuda.is_available():
@@ -118,6 +158,34 @@ def is_supported(device: Any = None) -> bool:
     except Exception:
         return False
     return (major, minor) >= (8, 9)
+
+
+def check(device: Any) -> None:
+    """Raises the first page-table fault that runs on ``device`` met since the last check.
+
+    ``Binding.check()`` for every binding of the device (CPU or CUDA): syncs
+    the device, raises :class:`b12x.errors.PageTableError` naming
+    ``page_table[row, column]`` and the id when a run met a page id at or past
+    ``index_k_cache.shape[0]``, and clears the record. A CUDA device must have
+    a plan (its kernels loaded). Not for hot paths or graph captures.
+    """
+    import torch
+
+    from b12x.errors import DeviceError
+
+    try:
+        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise DeviceError(
+            f"check: device expected 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}"
+        ) from e
+    if dev.type == "cpu":
+        _core.indexer_check(None)
+    elif dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        _core.indexer_check(index)
+    else:
+        raise DeviceError(f"check: device expected a cpu or cuda device, got {dev}")
 
 
 def clear_caches() -> None:

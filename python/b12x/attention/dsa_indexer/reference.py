@@ -9,12 +9,20 @@ For query row ``r`` and logical position ``t`` (``page_col = t // 64``,
 ``slot = t % 64``, ``pid = page_table[r, page_col]``)::
 
     limit(r)     = clamp(min(cache_lengths[r], active_width), 0, width * 64)
-    candidate    = t < limit(r) and pid >= 0
+    candidate    = t < limit(r) and 0 <= pid < pages
     logit(r, t)  = scale[pid, slot] * sum_h w[r, h] * relu(q[r, h, :] . k[pid, slot, :])
 
 with the dot product over the raw e4m3 values in float32 (the K scale is
 applied after the ReLU). ``active_width`` is an upper bound on the lengths
 that lets kernels skip work; a row never looks past it.
+
+Page ids: ``-1`` (any negative id) marks an unmapped page. An id at or past
+``pages = index_k_cache.shape[0]`` is treated the same way (its page is never
+read, its tokens are never candidates) and is a caller error: ``run`` records
+the first one it meets inside a row's live length (:func:`first_page_fault`),
+and ``Binding.check()`` / ``dsa_indexer.check()`` raise it as
+:class:`b12x.errors.PageTableError`. Entries past a row's live length are
+never read, whatever they hold.
 
 Selection: the ``min(topk, candidates)`` best candidates under one total
 order, so the selected *set* is deterministic:
@@ -40,10 +48,14 @@ from typing import Any
 
 import torch
 
+from b12x import _core
+from b12x.errors import ConfigError, ShapeError
+
 __all__ = [
     "assert_topk_equivalent",
     "candidate_limits",
     "candidate_mask",
+    "first_page_fault",
     "indexer_topk",
     "order_keys",
     "pack_index_k_cache",
@@ -56,10 +68,10 @@ __all__ = [
     "unpack_index_k_cache",
 ]
 
-PAGE_SIZE = 64
-HEAD_DIM = 128
-PAGE_BYTES = PAGE_SIZE * (HEAD_DIM + 4)
-SCALE_OFFSET = PAGE_SIZE * HEAD_DIM
+PAGE_SIZE: int = _core.INDEXER_PAGE_SIZE
+HEAD_DIM: int = _core.INDEXER_HEAD_DIM
+PAGE_BYTES: int = _core.INDEXER_PAGE_BYTES
+SCALE_OFFSET: int = _core.INDEXER_SCALE_OFFSET
 FP8_MAX = 448.0
 _U32 = 0xFFFFFFFF
 
@@ -86,13 +98,19 @@ def pack_index_k_cache(
     Returns a uint8 ``[pages, 8448]`` view whose page stride is ``page_stride``
     bytes (>= 8448; the padding bytes are zero), as the kernels read it.
     """
+    op = "pack_index_k_cache"
     if page_stride < PAGE_BYTES:
-        raise ValueError(f"page_stride expected >= {PAGE_BYTES}, got {page_stride}")
+        raise ConfigError(f"{op}: page_stride expected >= {PAGE_BYTES}, got {page_stride}")
     pages = k_fp8.shape[0]
     if tuple(k_fp8.shape) != (pages, PAGE_SIZE, HEAD_DIM):
-        raise ValueError(f"k_fp8 expected shape ({pages}, 64, 128), got {tuple(k_fp8.shape)}")
+        raise ShapeError(
+            f"{op}: k_fp8 expected shape ({pages}, {PAGE_SIZE}, {HEAD_DIM}), "
+            f"got {tuple(k_fp8.shape)}"
+        )
     if tuple(scales.shape) != (pages, PAGE_SIZE):
-        raise ValueError(f"scales expected shape ({pages}, 64), got {tuple(scales.shape)}")
+        raise ShapeError(
+            f"{op}: scales expected shape ({pages}, {PAGE_SIZE}), got {tuple(scales.shape)}"
+        )
     if k_fp8.dtype != torch.float8_e4m3fn:
         k_fp8 = k_fp8.to(torch.float8_e4m3fn)
     buf = torch.zeros((pages, page_stride), dtype=torch.uint8, device=k_fp8.device)
@@ -136,16 +154,38 @@ def candidate_limits(
 
 
 def candidate_mask(
-    page_table: torch.Tensor, cache_lengths: torch.Tensor, active_width: Any = None
+    page_table: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    active_width: Any = None,
+    *,
+    pages: int | None = None,
 ) -> torch.Tensor:
     """Bool ``[rows, width * 64]``: position ``t`` is below the row's limit and on a
-    mapped page (page id >= 0)."""
+    mapped page (page id >= 0, and < ``pages`` when given: the cache's page count)."""
     width = page_table.shape[1]
     n = candidate_limits(page_table, cache_lengths, active_width)
     t = torch.arange(width * PAGE_SIZE, device=page_table.device)
     below = t[None, :] < n[:, None].to(page_table.device)
-    mapped = (page_table.long() >= 0).repeat_interleave(PAGE_SIZE, dim=1)
-    return below & mapped
+    pid = page_table.long()
+    ok = pid >= 0 if pages is None else (pid >= 0) & (pid < pages)
+    return below & ok.repeat_interleave(PAGE_SIZE, dim=1)
+
+
+def first_page_fault(
+    page_table: torch.Tensor, cache_lengths: torch.Tensor, active_width: Any, pages: int
+) -> tuple[int, int, int] | None:
+    """The first ``(row, column, page_id)`` in row-major order whose page id is at or
+    past ``pages`` inside the row's live length, or None. Such ids are unmapped; the
+    GPU kernels report one of them (the first to arrive) the same way."""
+    limits = candidate_limits(page_table, cache_lengths, active_width)
+    cols = (limits + PAGE_SIZE - 1) // PAGE_SIZE
+    c = torch.arange(page_table.shape[1], device=page_table.device)
+    live = c[None, :] < cols[:, None].to(page_table.device)
+    bad = (page_table.long() >= pages) & live
+    if not bool(bad.any()):
+        return None
+    row, col = (int(v) for v in torch.nonzero(bad)[0])
+    return row, col, int(page_table[row, col])
 
 
 def paged_logits(
@@ -158,13 +198,13 @@ def paged_logits(
 ) -> torch.Tensor:
     """Float32 ``[rows, width * 64]`` logits; ``-inf`` where not a candidate.
 
-    Reads only the pages each row can see. Raises ValueError for a page id
-    past the end of the cache (kernels do not check page ids).
+    Reads only the pages each row can see; a page id at or past the cache's
+    page count is unmapped, like -1 (see the module docstring).
     """
     rows, heads, _ = q_fp8.shape
     width = page_table.shape[1]
     pages = index_k_cache.shape[0]
-    mask = candidate_mask(page_table, cache_lengths, active_width)
+    mask = candidate_mask(page_table, cache_lengths, active_width, pages=pages)
     limits = candidate_limits(page_table, cache_lengths, active_width).tolist()
     logits = torch.full((rows, width * PAGE_SIZE), -math.inf, device=q_fp8.device)
     q = q_fp8.float()
@@ -174,12 +214,9 @@ def paged_logits(
         if cols == 0:
             continue
         pids = page_table[r, :cols].long()
-        if bool((pids >= pages).any()):
-            bad = int(pids[pids >= pages][0])
-            raise ValueError(
-                f"page_table[{r}] holds page id {bad}, past the {pages} pages of index_k_cache"
-            )
-        k_fp8, scales = unpack_index_k_cache(index_k_cache[pids.clamp(min=0)])
+        # unmapped pages (masked below) read page 0 instead of nothing
+        pids = torch.where((pids >= 0) & (pids < pages), pids, 0)
+        k_fp8, scales = unpack_index_k_cache(index_k_cache[pids])
         k = k_fp8.float().reshape(cols * PAGE_SIZE, HEAD_DIM)
         dots = q[r] @ k.T  # [heads, cols*64], float32
         row = (torch.relu(dots) * w[r, :, None]).sum(dim=0) * scales.reshape(-1)
@@ -277,19 +314,25 @@ def indexer_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole op: ``(indices int32 [rows, topk], scores float32 [rows, topk])``."""
     if index_space not in ("logical", "physical"):
-        raise ValueError(f"index_space expected 'logical' or 'physical', got {index_space!r}")
+        raise ConfigError(
+            f"indexer_topk: index_space expected 'logical' or 'physical', got {index_space!r}"
+        )
     logits = paged_logits(
         q_fp8, query_weights, index_k_cache, page_table, cache_lengths, active_width
     )
-    mask = candidate_mask(page_table, cache_lengths, active_width)
+    pages = index_k_cache.shape[0]
+    mask = candidate_mask(page_table, cache_lengths, active_width, pages=pages)
     idx, scores = select_topk(logits, mask, topk)
     if index_space == "physical":
         idx = to_physical(idx, page_table)
     return idx, scores
 
 
-def run_binding(binding: Any) -> None:
-    """``dsa_indexer.run`` for CPU bindings: computes and writes every output slot."""
+def run_binding(binding: Any) -> tuple[int, int, int] | None:
+    """``dsa_indexer.run`` for CPU bindings: computes and writes every output slot.
+
+    Returns :func:`first_page_fault` of the call (``run`` records it for ``check``).
+    """
     plan = binding.plan
     idx, scores = indexer_topk(
         binding.q_fp8,
@@ -304,6 +347,8 @@ def run_binding(binding: Any) -> None:
     binding.output_indices.copy_(idx)
     if binding.output_scores is not None:
         binding.output_scores.copy_(scores)
+    pages = binding.index_k_cache.shape[0]
+    return first_page_fault(binding.page_table, binding.cache_lengths, binding.active_width, pages)
 
 
 # --- comparing a result against the reference --------------------------------------------
@@ -356,7 +401,10 @@ def assert_topk_equivalent(
     :func:`candidate_mask`; ``page_table`` is needed for physical indices.
     """
     if index_space == "physical" and page_table is None:
-        raise ValueError("physical indices need page_table to map back to logical positions")
+        raise ConfigError(
+            "assert_topk_equivalent: page_table expected a tensor for physical indices "
+            "(to map them back to logical positions), got None"
+        )
     idx = indices.detach().cpu().long()
     logits = ref_logits.detach().cpu().float()
     cand = candidates.detach().cpu()

@@ -9,6 +9,11 @@ up lazily (:mod:`b12x.integration.vllm._hooks`) when a model calls them.
   active width.
 * :class:`PcieAllReduce`: describers, routing, the declared-plan index,
   admission, fused all-reduce + add + RMSNorm, CUDA-graph capture.
+
+Inside a real vLLM: :mod:`.plugin` (the ``vllm.general_plugins`` entry point
+and its switch ``B12X_VLLM``), :mod:`.communicator` (b12x in vLLM's custom
+all-reduce slot, declarations from the vLLM config: :mod:`.declarations`) and
+:mod:`.fused_op` (``torch.ops.b12x.fused_all_reduce_add_rms_norm``).
 """
 
 from b12x.integration.vllm.allreduce import (

@@ -21,6 +21,11 @@ to the next backend (NCCL):
 3. **Run** through the runtime on torch's current stream (the capture stream
    inside a CUDA graph capture).
 
+Inside vLLM, :class:`~b12x.integration.vllm.communicator.B12xCustomAllreduce`
+builds this adapter from vLLM's own call and registers a describer derived from
+the vLLM config (:mod:`b12x.integration.vllm.declarations`), so nothing in the
+model declares anything.
+
 Routing limits are the runtime's (:class:`b12x.comm.pcie.allreduce.Limits`,
 from the ``VLLM_PCIE_*`` environment knobs unless given). Without a runtime
 (no process group, CPU only) declarations are still routed with those limits
@@ -54,6 +59,17 @@ logger = logging.getLogger(__name__)
 
 PLAIN = "all_reduce"
 FUSED = "all_reduce_fused_add_rms_norm"
+
+
+_logged: set[str] = set()
+
+
+def _log_once(level: int, message: str, *args: Any) -> None:
+    """Logs ``message % args`` the first time this process sees that text."""
+    text = message % args if args else message
+    if text not in _logged:
+        _logged.add(text)
+        logger.log(level, text)
 
 
 def _pcie() -> Any:
@@ -130,7 +146,8 @@ class PcieAllReduce:
         Where the limits are read from (default ``os.environ``).
 
     If the runtime cannot be built or disables itself, so does the adapter
-    (logged, no exception): every admission declines to the next backend.
+    (logged once per reason, no exception): every admission declines to the
+    next backend.
     """
 
     def __init__(
@@ -167,13 +184,15 @@ class PcieAllReduce:
             try:
                 runtime = _build_runtime(group, self.device, self.limits)
             except Exception as e:  # the runtime agrees its verdict over the group itself
-                logger.warning("b12x PCIe all-reduce disabled: %s", e)
+                _log_once(logging.WARNING, "b12x PCIe all-reduce disabled: %s", e)
                 runtime = None
         self.runtime = runtime
         self.disabled = runtime is None or not runtime.enabled
         if runtime is not None and self.disabled:
-            logger.warning(
-                "b12x PCIe all-reduce disabled: %s", getattr(runtime, "disabled_reason", None)
+            _log_once(
+                logging.WARNING,
+                "b12x PCIe all-reduce disabled: %s",
+                getattr(runtime, "disabled_reason", None),
             )
 
     # --- describers and declaration ------------------------------------------------------
@@ -353,20 +372,38 @@ class PcieAllReduce:
         plan = self.plan_for(inp)  # the precise error for an undeclared call
         return self.runtime.all_reduce(inp, out, plan=plan)
 
+    def supports_fused_add_rms_norm(self) -> bool:
+        """Whether fused calls can be offered at all (the probe vLLM code gates on).
+
+        True while the runtime is enabled and the fused route has a nonzero
+        ceiling; each call is still admitted only on a declared plan.
+        """
+        return not self.disabled and self.limits is not None and self.limits.fused_max > 0
+
     def try_fused_add_rms_norm(
         self,
         inp: torch.Tensor,
         residual: torch.Tensor,
         weight: torch.Tensor,
         epsilon: float,
+        out: torch.Tensor | None = None,
     ) -> bool:
-        """All-reduce + residual add + RMSNorm in place, if declared; else False.
+        """All-reduce + residual add + RMSNorm, if declared; else False.
 
-        On True: ``residual <- all_reduce(inp) + residual`` and
-        ``inp <- rms_norm(residual) * weight``, both in place. On False nothing
-        was touched and the caller runs its fallback.
+        On True: ``residual <- all_reduce(inp) + residual`` in place and
+        ``out <- rms_norm(residual) * weight`` (``out`` defaults to ``inp``,
+        in place; else a tensor like ``inp``, not aliasing it). On False
+        nothing was touched and the caller runs its fallback.
         """
         if self.disabled or inp.ndim == 0:
+            return False
+        if out is not None and (
+            out.shape != inp.shape
+            or out.dtype != inp.dtype
+            or out.device != inp.device
+            or not out.is_contiguous()
+            or out.data_ptr() % 16
+        ):
             return False
         if (
             residual.shape != inp.shape
@@ -385,7 +422,7 @@ class PcieAllReduce:
         plan = self._admit(inp, FUSED, weight, epsilon)
         if plan is None:
             return False
-        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon, plan=plan)
+        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon, out, plan=plan)
         return True
 
     def fused_all_reduce_add_rms_norm(
@@ -409,29 +446,32 @@ class PcieAllReduce:
     # --- graphs and teardown ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def capture(self) -> Iterator[None]:
-        """Context around a CUDA graph capture (enter it on the capture stream).
+    def capture(self, stream: Any = None) -> Iterator[None]:
+        """Context around a CUDA graph capture; never refuses to open.
 
-        Kernels launch on torch's current stream, so captured calls land in
-        the graph. The previous state comes back on exit, also when the body
-        raises.
-
-        Raises
-        ------
-        b12x.errors.UndeclaredPlanError
-            If nothing is declared (a capture could only hold cold plans).
+        vLLM enters it (``ca_comm.capture()``) for every TP group at every
+        graph capture, declared or not. With nothing declared (or no runtime)
+        it is a no-op and every captured call declines to the next backend.
+        ``stream``: the capture stream (default: torch's current one, which
+        vLLM has already set); kernels launch on it. The previous state comes
+        back on exit, also when the body raises.
         """
-        if self.disabled:
+        if self.disabled or not self._plans:
+            if not self.disabled:
+                _log_once(
+                    logging.INFO,
+                    "b12x all-reduce: nothing declared at graph capture; captured "
+                    "all-reduces run on vLLM's own backends",
+                )
             yield
             return
-        if not self._plans:
-            raise UndeclaredPlanError(
-                "PcieAllReduce.capture: declared plans expected before capture, got none"
-            )
         previous = self._capturing
         self._capturing = True
         try:
-            with self.runtime.capture():
+            with contextlib.ExitStack() as scope:
+                if stream is not None:
+                    scope.enter_context(torch.cuda.stream(stream))
+                scope.enter_context(self.runtime.capture())
                 yield
         finally:
             self._capturing = previous

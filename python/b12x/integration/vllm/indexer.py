@@ -1,4 +1,4 @@
-"""The C4 sparse indexer adapter for vLLM (DeepSeek V4 CSA, GLM-5.3-Flash).
+"""The sparse indexer adapter for vLLM: DeepSeek V4 C4 layers, DeepSeek V3.2 / GLM DSA.
 
 It only translates vLLM's indexer metadata into :mod:`b12x.attention.dsa_indexer`
 calls:
@@ -10,19 +10,21 @@ calls:
 * **Workspace**: every call takes fresh views of vLLM's shared workspace
   (``get_simultaneous(*plan.shapes_and_dtypes())``) and binds them; nothing from
   a previous call is reused, so another op may use the workspace in between.
-* **Prefill** runs one request per chunk against that request's page-table
-  row shared by all its query rows (a stride-0 ``expand``); **decode** runs one
-  page-table row per token.
+* **Prefill**: a one-request chunk runs against that request's page-table row
+  shared by all its query rows (a stride-0 ``expand``, the ``"packed_contiguous"``
+  route); a chunk of several requests (vLLM's own chunker packs them) gives
+  every row its request's page-table row and runs as decode rows. Prefill rows
+  that no chunk covers (a request without a K row yet) get ``-1``.
+* **Decode**: one page-table row per token. vLLM's flattened rows pass through
+  as they are; native multi-token rows (``seq_lens [B, next_n]``), including
+  padded ones (``requires_padding``), are mapped to their tokens on the device:
+  token ``t`` of request ``b`` sees ``seq_lens[b, t]`` rows of ``block_table[b]``.
 * **active_width** is ``clamp(amax(lengths), 0, width * 64)`` computed on the
   device into a persistent buffer: no host sync, graph-capture safe.
 * **Outputs** are never pre-filled: ``run`` writes every slot.
 
-Differences from the reference adapter: the prefill route is named
-``"shared_prefill"`` here (the reference asserts ``"packed_contiguous"``; ours
-scores the shared page table without that route's contiguous gather buffer),
-and bad input raises b12x's error classes (``ShapeError`` etc., all
-``ValueError``s) where the reference raised ``RuntimeError`` for cache-layout
-and chunking problems.
+Bad input raises b12x's error classes (``ShapeError`` etc., all ``ValueError``
+or ``TypeError``) where the reference adapter raised ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -32,10 +34,20 @@ from typing import Any
 
 import torch
 
-from b12x.errors import ConfigError, DTypeError, LayoutError, ShapeError
+from b12x.attention.dsa_indexer import INDEX_HEAD_DIM as HEAD_DIM
+from b12x.attention.dsa_indexer import PAGED_INDEX_PAGE_SIZE as PAGE_SIZE
+from b12x.errors import (
+    ConfigError,
+    DeviceError,
+    DTypeError,
+    LayoutError,
+    NotATensorError,
+    ShapeError,
+)
 from b12x.integration.vllm import _hooks
 
 __all__ = [
+    "COMPRESS_RATIOS",
     "PREFILL_ROUTE",
     "C4SparseIndexer",
     "DeepseekV4B12xSparseIndexer",
@@ -44,12 +56,12 @@ __all__ = [
     "require_indexer_module",
 ]
 
-PAGE_SIZE = 64
-HEAD_DIM = 128
 _SCALE_BYTES = 4
 _ROW_BYTES = HEAD_DIM + _SCALE_BYTES  # 132: vLLM allocates [blocks, 64, 132] uint8
 PAGE_BYTES = PAGE_SIZE * _ROW_BYTES  # 8448: planar FP8 rows then fp32 scales
-PREFILL_ROUTE = "shared_prefill"
+PREFILL_ROUTE = "packed_contiguous"
+#: K rows per token: 1 for DeepSeek V3.2 / GLM DSA, 4 for DeepSeek V4 C4 layers.
+COMPRESS_RATIOS = (1, 4)
 _MODULE_NAMES = ("Caps", "plan", "bind", "run", "is_supported", "PAGED_INDEX_PAGE_SIZE")
 
 
@@ -124,10 +136,12 @@ def flatten_index_cache(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 def _route_of(obj: Any) -> Any:
-    route = getattr(obj, "route", None)
-    if route is None:
-        route = getattr(getattr(obj, "layout", None), "route", None)
-    return route
+    """The route on ``obj``, its ``.layout`` or its ``.plan.layout`` (the reference's lookup)."""
+    for holder in (obj, getattr(obj, "layout", None)):
+        route = getattr(holder, "route", None)
+        if route is not None:
+            return route
+    return getattr(getattr(getattr(obj, "plan", None), "layout", None), "route", None)
 
 
 def _check_prefill_route(plan: Any) -> None:
@@ -139,11 +153,12 @@ def _check_prefill_route(plan: Any) -> None:
 
 
 class C4SparseIndexer(torch.nn.Module):
-    """Top-k selection of compressed K rows for DeepSeek V4 C4 attention layers.
+    """Top-k selection of index K rows for DeepSeek sparse-attention layers.
 
     Drop-in for vLLM's ``B12xC4SparseIndexer`` (alias
     :data:`DeepseekV4B12xSparseIndexer`): the same constructor, ``forward``,
-    ``run_paged_topk`` and profile reservation.
+    ``run_paged_topk`` and profile reservation. Also serves DeepSeek V3.2 and
+    GLM DSA layers (``compress_ratio=1``: one K row per token).
 
     Parameters
     ----------
@@ -155,15 +170,15 @@ class C4SparseIndexer(torch.nn.Module):
     head_dim
         Must be 128.
     max_model_len
-        Maximum context in **compressed** K rows (model tokens / 4).
+        Maximum context in K rows (model tokens / ``compress_ratio``).
     topk_indices_buffer
         int32 ``[max_tokens, topk]`` output buffer, written in place.
     skip_k_cache_insert
         Must be True: the model writes the index K cache itself.
     use_fp4_cache
-        Must be False (FP8 cache only).
+        Must be False (FP8 index cache only).
     compress_ratio
-        Must be 4 (C4 layers).
+        4 (DeepSeek V4 C4 layers) or 1 (DeepSeek V3.2, GLM DSA).
     quant_block_size, scale_fmt, max_total_seq_len
         Accepted for signature compatibility; unused.
     workspace_manager, forward_context
@@ -176,6 +191,9 @@ class C4SparseIndexer(torch.nn.Module):
         On any unsupported setting, or when the kernels are not supported on
         the buffer's CUDA device.
     """
+
+    #: What DeepSeek V3.2's attention passes on as ``topk_backend``; b12x picks its own.
+    topk_backend = "auto"
 
     def __init__(
         self,
@@ -204,8 +222,10 @@ class C4SparseIndexer(torch.nn.Module):
             )
         if use_fp4_cache:
             raise ConfigError(f"{op}: use_fp4_cache expected False (FP8 index cache), got True")
-        if compress_ratio != 4:
-            raise ConfigError(f"{op}: compress_ratio expected 4, got {compress_ratio}")
+        if compress_ratio not in COMPRESS_RATIOS:
+            raise ConfigError(
+                f"{op}: compress_ratio expected one of {COMPRESS_RATIOS}, got {compress_ratio}"
+            )
         if head_dim != HEAD_DIM:
             raise ConfigError(f"{op}: head_dim expected {HEAD_DIM}, got {head_dim}")
         if topk_indices_buffer is None:
@@ -222,6 +242,7 @@ class C4SparseIndexer(torch.nn.Module):
         self.k_cache = k_cache
         self.topk_tokens = int(topk_tokens)
         self.max_model_len = int(max_model_len)
+        self.compress_ratio = int(compress_ratio)
         self.topk_indices_buffer = topk_indices_buffer
         # amax(lengths) lands here on the device; persistent so graphs capture its address.
         self.register_buffer(
@@ -255,7 +276,10 @@ class C4SparseIndexer(torch.nn.Module):
         """Grows the shared workspace to the worst case before vLLM locks it.
 
         Plans decode and prefill for ``q``'s rows at ``max_model_len`` and asks
-        the workspace manager for both once; computes nothing.
+        the workspace manager for both once; computes nothing. No plan with
+        fewer rows or a narrower table needs more scratch, so every later call
+        (prefill chunks, decode rows, several-request chunks run as decode
+        rows) fits the locked workspace.
         """
         rows = int(q.shape[0])
         width = -(-self.max_model_len // PAGE_SIZE)
@@ -268,8 +292,24 @@ class C4SparseIndexer(torch.nn.Module):
 
     # --- one selection --------------------------------------------------------------
 
-    def _device_active_width(self, cache_lengths: torch.Tensor, width: int) -> torch.Tensor:
+    def _device_active_width(self, cache_lengths: Any, width: int) -> torch.Tensor:
+        # Checked here because amax(out=int32) would raise torch's own error first.
+        op = "C4SparseIndexer"
         buf = self._active_width
+        if not isinstance(cache_lengths, torch.Tensor):
+            raise NotATensorError(
+                f"{op}: cache_lengths expected an int32 tensor, got {type(cache_lengths).__name__}"
+            )
+        if cache_lengths.dtype != torch.int32:
+            raise DTypeError(f"{op}: cache_lengths expected dtype int32, got {cache_lengths.dtype}")
+        if cache_lengths.ndim != 1:
+            raise ShapeError(
+                f"{op}: cache_lengths expected shape (rows,), got {tuple(cache_lengths.shape)}"
+            )
+        if cache_lengths.device != buf.device:
+            raise DeviceError(
+                f"{op}: cache_lengths expected device {buf.device}, got {cache_lengths.device}"
+            )
         torch.amax(cache_lengths, dim=0, keepdim=True, out=buf)
         return buf.clamp_(0, width * PAGE_SIZE)
 
@@ -321,6 +361,7 @@ class C4SparseIndexer(torch.nn.Module):
         scores: torch.Tensor | None = None,
         shared_page_table: bool,
         active_width: torch.Tensor | None = None,
+        schedule_metadata: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Selects top-k for caller-owned paged metadata; returns ``output``.
 
@@ -333,7 +374,7 @@ class C4SparseIndexer(torch.nn.Module):
         kv_cache
             uint8 ``[blocks, 64, 132]`` (or ``[blocks, 8448]``).
         seq_lens
-            int32 ``[rows]``: visible compressed K rows per query row.
+            int32 ``[rows]``: visible K rows per query row.
         block_table
             int32 ``[rows, width]`` page ids. With ``shared_page_table`` (one
             request, prefill) every row reads the first row's pages: a
@@ -344,13 +385,18 @@ class C4SparseIndexer(torch.nn.Module):
         active_width
             int32 ``[1]`` device bound on the lengths; computed on the device
             when None.
+        schedule_metadata
+            Accepted and ignored: DeepGEMM's per-SM schedule, which callers
+            built for its kernels; b12x's grids come from the plan.
 
         Raises
         ------
         b12x.errors.ShapeError, b12x.errors.DTypeError
             If ``output`` or ``scores`` do not have shape ``[rows, topk]``
-            (scores: float32). The library's ``bind`` checks everything else.
+            (scores: float32), or ``seq_lens`` is not int32 ``[rows]``. The
+            library's ``bind`` checks everything else.
         """
+        del schedule_metadata
         op = "C4SparseIndexer.run_paged_topk"
         rows = int(q.shape[0])
         expected = (rows, self.topk_tokens)
@@ -413,62 +459,132 @@ class C4SparseIndexer(torch.nn.Module):
         if metadata.prefill is not None:
             for chunk in metadata.prefill.chunks:
                 self._prefill_chunk(chunk, q_quant, weights)
+            self._clear_uncovered_prefill_rows(metadata)
         if metadata.decode is not None:
             self._decode(metadata, q_quant, weights)
         return self.topk_indices_buffer
 
+    def _output_rows(self, start: int, end: int) -> torch.Tensor:
+        return self.topk_indices_buffer[start:end, : self.topk_tokens]
+
     def _prefill_chunk(self, chunk: Any, q: torch.Tensor, weights: torch.Tensor) -> None:
-        op = "C4SparseIndexer.forward"
-        if chunk.num_reqs != 1:
-            raise ConfigError(
-                f"{op}: prefill chunk expected 1 request (one page-table row), got {chunk.num_reqs}"
-            )
         start, end = int(chunk.token_start), int(chunk.token_end)
         rows = end - start
+        if rows <= 0:
+            return
+        lengths = chunk.cu_seqlen_ke - chunk.cu_seqlen_ks
+        if lengths.dtype != torch.int32:
+            lengths = lengths.to(torch.int32)
         table = chunk.block_table
         width = int(table.shape[1])
-        # Only the pages the request has filled; at least one so the plan is non-empty.
-        active_pages = min(max(1, -(-int(chunk.total_seq_lens) // PAGE_SIZE)), width)
+        # Only the pages the longest request has filled; at least one so the plan is non-empty.
+        longest = int(getattr(chunk, "max_seqlen_k", chunk.total_seq_lens))
+        active_pages = min(max(1, -(-longest // PAGE_SIZE)), width)
+        if int(chunk.num_reqs) == 1:
+            page_table = table[:1, :active_pages].expand(rows, active_pages)
+            shared = True
+        else:
+            page_table = _rows_of_owners(chunk, table[:, :active_pages])
+            shared = False
         self._select(
             q[start:end].contiguous(),
             weights[start:end].contiguous(),
             self.k_cache.kv_cache,
-            (chunk.cu_seqlen_ke - chunk.cu_seqlen_ks).to(torch.int32),
-            table[:1, :active_pages].expand(rows, active_pages),
+            lengths,
+            page_table,
             None,
-            self.topk_indices_buffer[start:end, : self.topk_tokens],
+            self._output_rows(start, end),
             None,
-            True,
+            shared,
         )
 
+    def _clear_uncovered_prefill_rows(self, metadata: Any) -> None:
+        """``-1`` for prefill rows no chunk covers (vLLM drops a chunk without K rows)."""
+        first = getattr(metadata, "num_decode_tokens", None)
+        count = getattr(metadata, "num_prefill_tokens", None)
+        if first is None or count is None:
+            return
+        cursor, end = int(first), int(first) + int(count)
+        for chunk in sorted(metadata.prefill.chunks, key=lambda c: int(c.token_start)):
+            if int(chunk.token_start) > cursor:
+                self._output_rows(cursor, int(chunk.token_start)).fill_(-1)
+            cursor = max(cursor, int(chunk.token_end))
+        if end > cursor:
+            self._output_rows(cursor, end).fill_(-1)
+
     def _decode(self, metadata: Any, q: torch.Tensor, weights: torch.Tensor) -> None:
-        op = "C4SparseIndexer.forward"
-        decode = metadata.decode
-        if getattr(decode, "requires_padding", False):
-            raise ConfigError(f"{op}: decode rows expected unpadded, got requires_padding=True")
-        seq_lens = decode.seq_lens.reshape(-1).contiguous()
-        table = decode.block_table
-        tokens, requests = int(seq_lens.shape[0]), int(table.shape[0])
-        if tokens != requests:
-            # Multi-token decode (MTP): each request's row serves its next_n tokens.
-            if tokens % requests != 0:
-                raise ShapeError(
-                    f"{op}: decode seq_lens expected a multiple of the {requests} page-table "
-                    f"rows, got {tokens}"
-                )
-            table = table.repeat_interleave(tokens // requests, dim=0)
         n = int(metadata.num_decode_tokens)
+        if n == 0:
+            return
+        decode = metadata.decode
+        lengths, table = _decode_rows(decode, n)
         self._select(
             q[:n].contiguous(),
             weights[:n].contiguous(),
             self.k_cache.kv_cache,
-            seq_lens[:n],
-            table[:n].contiguous(),
+            lengths,
+            table,
             getattr(decode, "active_width", None),
-            self.topk_indices_buffer[:n, : self.topk_tokens],
+            self._output_rows(0, n),
             None,
             False,
         )
+
+
+def _rows_of_owners(chunk: Any, table: torch.Tensor) -> torch.Tensor:
+    """Each query row's own page-table row, for a chunk of several requests.
+
+    Row ``r`` starts at ``cu_seqlen_ks[r]`` in the chunk's packed K, which is
+    its request's ``cu_seq_lens`` entry; found on the device (no sync). A row
+    of an empty request may land on a neighbour's row: it reads nothing.
+    """
+    starts = chunk.cu_seq_lens[1:].to(torch.int64)
+    owner = torch.searchsorted(starts, chunk.cu_seqlen_ks.to(torch.int64), right=True)
+    owner.clamp_(max=int(table.shape[0]) - 1)
+    return table.index_select(0, owner)
+
+
+def _decode_rows(decode: Any, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(lengths [tokens], page_table [tokens, width])``, one row per decode token.
+
+    vLLM gives either flattened rows (``seq_lens`` ``[tokens]`` or
+    ``[tokens, 1]`` with one table row each: passed through) or native
+    multi-token rows (``seq_lens [B, n]``, ``block_table [B, width]``,
+    ``decode_lens [B]`` tokens per request, padded when they differ): token
+    ``t`` of request ``b`` then sees ``seq_lens[b, t]``, as in vLLM's own path
+    (pack, score, unpack); tokens past ``sum(decode_lens)`` see none.
+    """
+    op = "C4SparseIndexer.forward"
+    seq_lens, table = decode.seq_lens, decode.block_table
+    per_token = seq_lens.ndim == 1 or (seq_lens.ndim == 2 and seq_lens.shape[1] == 1)
+    # One row per token: flattened rows or single-token requests. A padded
+    # batch with more requests than tokens takes the mapping below.
+    exact = seq_lens.shape[0] == tokens or not getattr(decode, "requires_padding", False)
+    if per_token and exact and min(seq_lens.shape[0], table.shape[0]) >= tokens:
+        return seq_lens.reshape(-1)[:tokens], table[:tokens].contiguous()
+    grid = seq_lens if seq_lens.ndim == 2 else seq_lens.reshape(-1, 1)
+    requests, depth = int(grid.shape[0]), int(grid.shape[1])
+    if requests != int(table.shape[0]) or requests == 0:
+        raise ShapeError(
+            f"{op}: decode.seq_lens expected one row per decode token ({tokens}) or per "
+            f"block_table row ({int(table.shape[0])}), got shape {tuple(seq_lens.shape)}"
+        )
+    token = torch.arange(tokens, device=grid.device)
+    decode_lens = getattr(decode, "decode_lens", None)
+    if decode_lens is None or int(decode_lens.shape[0]) != requests:
+        if requests * depth != tokens:
+            raise ShapeError(
+                f"{op}: decode.seq_lens expected {tokens} tokens ({requests} requests x "
+                f"{depth}), got shape {tuple(seq_lens.shape)}"
+            )
+        decode_lens = torch.full((requests,), depth, dtype=torch.int64, device=grid.device)
+    ends = torch.cumsum(decode_lens.to(torch.int64), dim=0)
+    owner = torch.searchsorted(ends, token, right=True).clamp_(max=requests - 1)
+    position = token - (ends - decode_lens.to(torch.int64))[owner]
+    live = (token < ends[-1]) & (position < depth)
+    lengths = grid[owner, position.clamp_(0, depth - 1)]
+    lengths = torch.where(live, lengths, torch.zeros_like(lengths)).to(torch.int32)
+    return lengths, table.index_select(0, owner)
 
 
 # DeepSeek V4 model code imports this name; GLM imports the shared one.

@@ -73,6 +73,9 @@ pub struct IndexerArgs {
     pub out_scores: u64,
     /// Scratch base; region offsets come from the plan's layout.
     pub scratch: u64,
+    /// Pages of the K cache (`index_k_cache.shape[0]`): the kernels treat a
+    /// page id outside `[0, pages)` as unmapped and report it.
+    pub pages: u64,
 }
 
 /// A plan plus one call's live sizes and addresses.
@@ -351,13 +354,15 @@ pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
         out_indices: ops.output_indices.address(),
         out_scores,
         scratch: scratch_start,
+        pages,
     };
     Ok(Binding { plan: plan.clone(), args })
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::caps::{Caps, CapsRequest};
+    use super::super::caps::{Caps, CapsRequest, Precision};
+    use super::super::plan::DeviceFacts;
     use super::*;
 
     struct Fixture {
@@ -394,9 +399,11 @@ mod tests {
             index_space: space,
             page_size: 64,
             supertile_tokens: 0,
+            precision: Precision::Exact,
         })
         .unwrap();
-        Arc::new(Plan::new(&caps, 132).unwrap())
+        let device = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
+        Arc::new(Plan::new(&caps, &device).unwrap())
     }
 
     fn fixture(rows: i64, width: i64) -> Fixture {
@@ -444,6 +451,7 @@ mod tests {
         assert_eq!((a.device, a.rows, a.heads, a.width, a.topk), (0, 3, 16, 5, 512));
         assert_eq!(a.page_stride, 1_077_120);
         assert_eq!(a.page_table_row_stride, 5);
+        assert_eq!(a.pages, 10);
         assert_eq!(
             (a.q, a.kcache, a.out_scores, a.scratch),
             (0x2000_0000, 0x100_0000, 0x8000_0000, 0x1000_0000)
@@ -669,7 +677,8 @@ mod tests {
         assert_eq!(offset_of!(IndexerArgs, q), 24);
         assert_eq!(offset_of!(IndexerArgs, page_stride), 48);
         assert_eq!(offset_of!(IndexerArgs, scratch), 104);
-        assert_eq!(size_of::<IndexerArgs>(), 112);
+        assert_eq!(offset_of!(IndexerArgs, pages), 112);
+        assert_eq!(size_of::<IndexerArgs>(), 120);
     }
 
     #[test]

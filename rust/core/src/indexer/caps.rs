@@ -68,6 +68,39 @@ impl IndexSpace {
     }
 }
 
+/// How exactly the scorers compute the logits.
+///
+/// Exact (the default): fp32 accumulation of exact FP8 products, the same
+/// logits on every architecture and deterministic ties. Fast: a device may
+/// use a faster MMA with reduced-precision accumulation (Hopper's FP8
+/// wgmma); each logit stays within 1e-3 of the exact one relative to its
+/// magnitude (the same sum over |weights| and |dot products|), and the
+/// selected set equals the exact one's except for indices whose logit lies
+/// within that tolerance of the k-th value. Where the hardware has no faster
+/// path, fast is exact.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Precision {
+    Exact,
+    Fast,
+}
+
+impl Precision {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Precision::Exact => "exact",
+            Precision::Fast => "fast",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Precision> {
+        match s {
+            "exact" => Ok(Precision::Exact),
+            "fast" => Ok(Precision::Fast),
+            other => Err(invalid("precision", "one of {exact, fast}", format!("{other:?}"))),
+        }
+    }
+}
+
 /// The caller's values, unchecked (Python ints arrive as i64 so that a
 /// negative or huge value gets a precise error instead of an overflow).
 #[derive(Debug, Clone, Copy)]
@@ -82,6 +115,7 @@ pub struct CapsRequest {
     pub page_size: i64,
     /// K rows per chunk; 0 = automatic (min(32768, width·64 rounded up to 512)).
     pub supertile_tokens: i64,
+    pub precision: Precision,
 }
 
 /// Validated capabilities. Equal caps give equal (interned) plans; the plan
@@ -99,6 +133,7 @@ pub struct Caps {
     pub index_space: IndexSpace,
     pub page_size: u32,
     pub supertile_tokens: u32,
+    pub precision: Precision,
 }
 
 fn invalid(operand: &'static str, expected: impl Into<Cow<'static, str>>, got: String) -> Error {
@@ -183,6 +218,7 @@ impl Caps {
             index_space: r.index_space,
             page_size: PAGE_SIZE,
             supertile_tokens: s as u32,
+            precision: r.precision,
         })
     }
 
@@ -201,7 +237,7 @@ impl fmt::Display for Caps {
         write!(
             f,
             "device={}, num_q_heads={}, max_q_rows={}, max_page_table_width={}, topk={}, \
-             mode={}, output_index_space={}, page_size={}, supertile_tokens={}",
+             mode={}, output_index_space={}, page_size={}, supertile_tokens={}, precision={}",
             self.device,
             self.num_q_heads,
             self.max_q_rows,
@@ -210,7 +246,8 @@ impl fmt::Display for Caps {
             self.mode.name(),
             self.index_space.name(),
             self.page_size,
-            self.supertile_tokens
+            self.supertile_tokens,
+            self.precision.name()
         )
     }
 }
@@ -230,6 +267,7 @@ mod tests {
             index_space: IndexSpace::Logical,
             page_size: 64,
             supertile_tokens: 0,
+            precision: Precision::Exact,
         }
     }
 

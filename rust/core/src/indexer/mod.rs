@@ -21,15 +21,19 @@ mod bind;
 mod bucket;
 mod cache;
 mod caps;
+mod fault;
 mod layout;
 mod plan;
 
 pub use bind::{bind, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
-pub use caps::{check_device, cuda_ordinal, Caps, CapsRequest, IndexSpace, Mode, MAX_CUDA_ORDINAL};
+pub use caps::{
+    check_device, cuda_ordinal, Caps, CapsRequest, IndexSpace, Mode, Precision, MAX_CUDA_ORDINAL,
+};
+pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
-pub use plan::{Plan, Route};
+pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};
 
 /// Compressed K rows per page of the index cache.
 pub const PAGE_SIZE: u32 = 64;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use super::caps::{Caps, Mode};
+use super::caps::{Caps, Mode, Precision};
 use super::layout::{LayoutInput, ScratchLayout};
 use super::{
     DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM,
@@ -19,6 +19,7 @@ pub enum Route {
     /// place, chunk by chunk, folding a top-k carry.
     PagedDecode,
     /// Prefill: every query row shares one page-table row (stride 0).
+    /// Named `packed_contiguous`, the name vLLM's b12x adapters assert.
     SharedPrefill,
 }
 
@@ -26,15 +27,101 @@ impl Route {
     pub const fn name(self) -> &'static str {
         match self {
             Route::PagedDecode => "paged_decode",
-            Route::SharedPrefill => "shared_prefill",
+            Route::SharedPrefill => "packed_contiguous",
         }
     }
+}
+
+/// Which MMA the scorers use (kernels/indexer_{decode,prefill,wgmma}.cu).
+/// The exact flavors give the same logits: FP8 products are exact in f32,
+/// every e4m3 value is an f16 value, and each accumulates in fp32.
+/// [`MmaFlavor::WgmmaFp8`] is the fast one ([`Precision::Fast`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MmaFlavor {
+    /// `mma.sync m16n8k32 .e4m3` on the raw bytes (native on sm_89 and sm_120).
+    E4m3,
+    /// FP8 widened to f16 once, `mma.sync m16n8k16 .f16` (sm_90 has no native
+    /// e4m3 `mma.sync`: it would unpack both operands per MMA).
+    F16,
+    /// Hopper's warpgroup MMA on FP8 widened to f16 (`wgmma m64nNk16 .f16`,
+    /// sm_90a only): exact products, fp32 accumulation.
+    Wgmma,
+    /// Hopper's FP8 warpgroup MMA on the raw bytes (`wgmma m64nNk32 .e4m3`,
+    /// sm_90a only): half the MMAs, reduced-precision accumulation.
+    WgmmaFp8,
+}
+
+impl MmaFlavor {
+    pub const ALL: [MmaFlavor; 4] =
+        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            MmaFlavor::E4m3 => "e4m3",
+            MmaFlavor::F16 => "f16",
+            MmaFlavor::Wgmma => "wgmma",
+            MmaFlavor::WgmmaFp8 => "wgmma_fp8",
+        }
+    }
+
+    /// Whether this flavor keeps the exact contract ([`Precision::Exact`]).
+    pub const fn is_exact(self) -> bool {
+        !matches!(self, MmaFlavor::WgmmaFp8)
+    }
+
+    pub fn parse(s: &str) -> Result<MmaFlavor> {
+        MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
+            op: "plan",
+            operand: "mma_flavor".into(),
+            expected: "one of {e4m3, f16, wgmma, wgmma_fp8}".into(),
+            got: format!("{s:?}"),
+        })
+    }
+
+    /// The flavor a plan picks for a device of compute capability `cc`: the
+    /// fastest measured there that meets `precision` (rust/cuda's module
+    /// table says where each runs). Only Hopper has a faster, inexact path.
+    pub fn for_device(cc: (u32, u32), precision: Precision) -> MmaFlavor {
+        match (cc, precision) {
+            ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
+            ((9, 0), Precision::Exact) => MmaFlavor::Wgmma,
+            ((9, 0), Precision::Fast) => MmaFlavor::WgmmaFp8,
+            _ => MmaFlavor::F16,
+        }
+    }
+}
+
+/// What a plan depends on beyond its caps: static facts of its device, read
+/// by the caller (this crate does not talk to the driver).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceFacts {
+    pub multiprocessors: u32,
+    /// (0, 0) on the CPU.
+    pub compute_capability: (u32, u32),
+}
+
+impl DeviceFacts {
+    pub const CPU: DeviceFacts = DeviceFacts { multiprocessors: 1, compute_capability: (0, 0) };
+}
+
+/// Choices a plan normally makes itself, forced (tests and benchmarks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanOptions {
+    /// Run this MMA flavor instead of the device's (it must run there: the
+    /// caller checks that against the loaded kernels).
+    pub mma_flavor: Option<MmaFlavor>,
+    /// Launch the top-k stage only, on the logits already in the scratch
+    /// (the benchmark's `topk_only` arm; meaningful for one-chunk plans).
+    pub topk_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     caps: Caps,
     route: Route,
+    /// None on the CPU, where the reference runs.
+    mma_flavor: Option<MmaFlavor>,
+    topk_only: bool,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -44,10 +131,15 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Builds the plan for `caps` rounded up to its buckets.
-    /// `multiprocessors` is the device's SM count (1 on CPU); the caller
-    /// reads it, because this crate does not talk to the driver.
-    pub fn new(caps: &Caps, multiprocessors: u32) -> Result<Plan> {
+    /// Builds the plan for `caps` rounded up to its buckets, on a device
+    /// with the given facts ([`DeviceFacts::CPU`] for a CPU plan).
+    pub fn new(caps: &Caps, device: &DeviceFacts) -> Result<Plan> {
+        Plan::with_options(caps, device, &PlanOptions::default())
+    }
+
+    /// [`Plan::new`] with forced choices (tests and benchmarks).
+    pub fn with_options(caps: &Caps, device: &DeviceFacts, options: &PlanOptions) -> Result<Plan> {
+        let multiprocessors = device.multiprocessors;
         if multiprocessors == 0 {
             return Err(Error::InvalidValue {
                 op: "plan",
@@ -91,6 +183,20 @@ impl Plan {
             }
             Mode::Prefill => 1,
         };
+        let mma_flavor = match (caps.device.is_cuda(), options.mma_flavor) {
+            (true, forced) => Some(
+                forced.unwrap_or(MmaFlavor::for_device(device.compute_capability, caps.precision)),
+            ),
+            (false, None) => None,
+            (false, Some(f)) => {
+                return Err(Error::InvalidValue {
+                    op: "plan",
+                    operand: "mma_flavor".into(),
+                    expected: "None on a CPU plan (the reference runs there)".into(),
+                    got: format!("{:?}", f.name()),
+                })
+            }
+        };
         let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
         let layout = ScratchLayout::new(&LayoutInput {
             rows: caps.max_q_rows as u64,
@@ -102,9 +208,19 @@ impl Plan {
             multiprocessors: multiprocessors as u64,
             topk_slices,
         })?;
+        if options.topk_only && !caps.device.is_cuda() {
+            return Err(Error::InvalidValue {
+                op: "plan",
+                operand: "topk_only".into(),
+                expected: "false on a CPU plan (the reference runs the whole op)".into(),
+                got: "true".into(),
+            });
+        }
         Ok(Plan {
             caps,
             route,
+            mma_flavor,
+            topk_only: options.topk_only,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -125,6 +241,16 @@ impl Plan {
     #[inline]
     pub fn route(&self) -> Route {
         self.route
+    }
+    /// The scorers' MMA flavor; None on the CPU (the reference runs there).
+    #[inline]
+    pub fn mma_flavor(&self) -> Option<MmaFlavor> {
+        self.mma_flavor
+    }
+    /// Whether runs launch the top-k stage only ([`PlanOptions::topk_only`]).
+    #[inline]
+    pub fn topk_only(&self) -> bool {
+        self.topk_only
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -173,7 +299,8 @@ impl fmt::Display for Plan {
         write!(
             f,
             "route={}, device={}, num_q_heads={}, max_q_rows={}, max_page_table_width={}, \
-             topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}",
+             topk={}, output_index_space={}, supertile_tokens={}, max_chunks={}, nbytes={}, \
+             precision={}, mma_flavor={}",
             self.route.name(),
             self.caps.device,
             self.caps.num_q_heads,
@@ -183,17 +310,27 @@ impl fmt::Display for Plan {
             self.caps.index_space.name(),
             self.supertile,
             self.max_chunks,
-            self.nbytes()
-        )
+            self.nbytes(),
+            self.caps.precision.name(),
+            self.mma_flavor.map_or("reference", MmaFlavor::name)
+        )?;
+        if self.topk_only {
+            write!(f, ", topk_only=true")?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::caps::{CapsRequest, IndexSpace};
+    use super::super::caps::{CapsRequest, IndexSpace, Precision};
     use super::super::layout::RegionId;
     use super::*;
     use crate::tensor::Device;
+
+    fn sms(multiprocessors: u32) -> DeviceFacts {
+        DeviceFacts { multiprocessors, compute_capability: (9, 0) }
+    }
 
     fn caps(heads: i64, rows: i64, width: i64, topk: i64, supertile: i64, mode: Mode) -> Caps {
         Caps::new(&CapsRequest {
@@ -206,6 +343,7 @@ mod tests {
             index_space: IndexSpace::Logical,
             page_size: 64,
             supertile_tokens: supertile,
+            precision: Precision::Exact,
         })
         .unwrap()
     }
@@ -213,7 +351,7 @@ mod tests {
     #[test]
     fn spec_pinned_small_supertile_example() {
         // reference §4.4: H=64, R=2, W=16, K=512, explicit S=512 -> 2 chunks
-        let p = Plan::new(&caps(64, 2, 16, 512, 512, Mode::Decode), 188).unwrap();
+        let p = Plan::new(&caps(64, 2, 16, 512, 512, Mode::Decode), &sms(188)).unwrap();
         assert_eq!(p.route(), Route::PagedDecode);
         assert_eq!(p.supertile(), 512);
         assert_eq!(p.max_chunks(), 2);
@@ -223,7 +361,7 @@ mod tests {
     #[test]
     fn carry_keeps_two_halves_whatever_the_chunk_count() {
         // reference §4.4: R=16, W=1056, S=8192; 1056 pages bucket to 1280 -> 10 chunks
-        let p = Plan::new(&caps(64, 16, 1056, 512, 8192, Mode::Decode), 188).unwrap();
+        let p = Plan::new(&caps(64, 16, 1056, 512, 8192, Mode::Decode), &sms(188)).unwrap();
         assert_eq!(p.width_capacity(), 1280);
         assert_eq!(p.max_chunks(), 10);
         assert_eq!(p.layout().region(RegionId::CarryValues).shape.as_slice(), &[2, 16, 512]);
@@ -232,7 +370,7 @@ mod tests {
 
     #[test]
     fn default_supertile_follows_the_width_then_caps_at_32768() {
-        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Prefill), 1).unwrap();
+        let s = |w| Plan::new(&caps(64, 1, w, 512, 0, Mode::Prefill), &sms(1)).unwrap();
         assert_eq!((s(1).supertile(), s(1).max_chunks()), (512, 1));
         assert_eq!((s(9).supertile(), s(9).max_chunks()), (1024, 1)); // 10 pages = 640 rows
         assert_eq!((s(512).supertile(), s(512).max_chunks()), (32768, 1));
@@ -242,7 +380,7 @@ mod tests {
 
     #[test]
     fn decode_supertile_takes_the_width_within_the_logits_budget() {
-        let s = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), 132).unwrap();
+        let s = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Decode), &sms(132)).unwrap();
         // 1 row x 2048 pages: one chunk of 131072, 16 slices of 8192
         assert_eq!((s(1, 2048).supertile(), s(1, 2048).max_chunks()), (131072, 1));
         assert_eq!(s(1, 2048).topk_slices(), 16);
@@ -258,15 +396,15 @@ mod tests {
 
     #[test]
     fn heads_pad_to_sixteen_and_mode_picks_the_route() {
-        let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), 1).unwrap();
+        let p = Plan::new(&caps(17, 1, 8, 1024, 0, Mode::Prefill), &sms(1)).unwrap();
         assert_eq!(p.heads_padded(), 32);
         assert_eq!(p.route(), Route::SharedPrefill);
-        assert_eq!(p.route().name(), "shared_prefill");
+        assert_eq!(p.route().name(), "packed_contiguous");
     }
 
     #[test]
     fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
-        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), 1).unwrap().nbytes();
+        let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), &sms(1)).unwrap().nbytes();
         assert!(n(2, 1024) > n(1, 1024));
         assert_eq!(n(1, 512), n(1, 4096));
         assert!(n(1, 64) < n(1, 512));
@@ -276,6 +414,45 @@ mod tests {
 
     #[test]
     fn zero_multiprocessors_is_rejected() {
-        assert!(Plan::new(&caps(64, 1, 1, 512, 0, Mode::Decode), 0).is_err());
+        assert!(Plan::new(&caps(64, 1, 1, 512, 0, Mode::Decode), &sms(0)).is_err());
+    }
+
+    #[test]
+    fn the_plan_resolves_the_mma_flavor() {
+        let c = caps(64, 1, 8, 512, 0, Mode::Decode);
+        let on = |cc| DeviceFacts { multiprocessors: 132, compute_capability: cc };
+        let flavor = |cc| Plan::new(&c, &on(cc)).unwrap().mma_flavor();
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::Wgmma));
+        assert_eq!(flavor((8, 9)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
+        // fast: FP8 wgmma on Hopper; elsewhere there is no faster path, so exact
+        let fast = Caps { precision: Precision::Fast, ..c };
+        let flavor = |cc| Plan::new(&fast, &on(cc)).unwrap().mma_flavor();
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::WgmmaFp8));
+        assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
+        assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
+        let p = Plan::new(&fast, &on((9, 0))).unwrap();
+        assert!(p.to_string().ends_with("precision=fast, mma_flavor=wgmma_fp8"));
+        assert!(!MmaFlavor::WgmmaFp8.is_exact() && MmaFlavor::Wgmma.is_exact());
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3), ..PlanOptions::default() };
+        let p = Plan::with_options(&c, &on((9, 0)), &forced).unwrap();
+        assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
+        assert!(p.to_string().ends_with("mma_flavor=e4m3"));
+        let cpu = Caps { device: Device::Cpu, ..c };
+        let p = Plan::new(&cpu, &DeviceFacts::CPU).unwrap();
+        assert_eq!(p.mma_flavor(), None);
+        assert!(p.to_string().ends_with("mma_flavor=reference"));
+        let err = Plan::with_options(&cpu, &DeviceFacts::CPU, &forced).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
+        );
+        assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
+        let stage = PlanOptions { topk_only: true, ..PlanOptions::default() };
+        let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
+        assert!(p.topk_only() && p.to_string().ends_with(", topk_only=true"));
+        assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
+        assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }

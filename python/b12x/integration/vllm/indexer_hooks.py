@@ -1,0 +1,163 @@
+"""Makes stock vLLM run DeepSeek V3.2 / V4 sparse indexing through b12x.
+
+``install(vllm_config)`` points vLLM's own seams at the classes of
+:mod:`~b12x.integration.vllm.indexer_backend` (vLLM's ``DeepseekV4Attention``
+indexer class, ``DeepseekV32Attention.indexer_cls`` and that module's
+``SparseAttnIndexer`` / ``sparse_attn_indexer``), so every DSA layer built
+afterwards plans, binds and runs b12x's indexer, with metadata from b12x's
+builder. vLLM is imported only when ``install`` runs.
+
+Every layer decides again when it is built, from the config it is built
+with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
+decode or prefill context parallelism, adaptive verification) gets vLLM's
+own classes, and the reason is logged once. ``install`` says False, with the reason logged once,
+when what it can see already rules b12x out.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+__all__ = ["install", "installed", "uninstall", "unsupported_reason"]
+
+log = logging.getLogger("b12x.integration.vllm")
+
+# (owner, attribute, vLLM's value) for every attribute install() replaced.
+_REPLACED: list[tuple[Any, str, Any]] = []
+_LOGGED: set[str] = set()
+
+
+def _log_once(reason: str) -> None:
+    if reason not in _LOGGED:
+        _LOGGED.add(reason)
+        log.info("b12x indexer not used: %s; vLLM's own indexer runs", reason)
+
+
+def _device_reason() -> str | None:
+    """Why this process's GPU cannot run the kernels, or None.
+
+    Before CUDA is initialised (a plugin loads before vLLM forks its
+    workers) only NVML is asked, through vLLM's platform, so no CUDA
+    context is created; once it is, b12x's own check runs on the current
+    device.
+    """
+    import torch
+
+    from b12x.attention import dsa_indexer
+
+    if torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        if not dsa_indexer.is_supported(device):
+            return f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
+        return None
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as e:
+        return f"vLLM is not importable ({e})"
+    if not current_platform.is_cuda():
+        return f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
+    capability = current_platform.get_device_capability()
+    if capability is None or capability.to_int() < 89:
+        return f"GPU compute capability {capability} is below 8.9 (FP8 MMA)"
+    return None
+
+
+def _config_reason(vllm_config: Any) -> str | None:
+    """Why ``vllm_config`` asks for something the b12x indexer does not do, or None."""
+    parallel = vllm_config.parallel_config
+    if parallel.decode_context_parallel_size > 1:
+        return f"decode context parallelism (size {parallel.decode_context_parallel_size})"
+    if parallel.prefill_context_parallel_size > 1:
+        return f"prefill context parallelism (size {parallel.prefill_context_parallel_size})"
+    kv_dtype = vllm_config.attention_config.resolve_indexer_kv_dtype("fp8")
+    if kv_dtype != "fp8":
+        return f"indexer_kv_dtype={kv_dtype!r} (b12x reads the FP8 index cache)"
+    if getattr(vllm_config.speculative_config, "enable_adaptive_verification", False):
+        return "adaptive verification (device query lengths that differ from the host's)"
+    return None
+
+
+def unsupported_reason(vllm_config: Any = None) -> str | None:
+    """Why b12x's indexer cannot serve here (with ``vllm_config``, if given), or None."""
+    reason = _device_reason()
+    if reason is None and vllm_config is not None:
+        reason = _config_reason(vllm_config)
+    return reason
+
+
+def _accept(vllm_config: Any) -> bool:
+    """A layer's decision at construction time (logs why not, once)."""
+    reason = unsupported_reason(vllm_config)
+    if reason is not None:
+        _log_once(reason)
+    return reason is None
+
+
+def _replace(owner: Any, name: str, value: Any) -> None:
+    _REPLACED.append((owner, name, owner.__dict__[name]))
+    setattr(owner, name, value)
+
+
+def _install_hooks() -> None:
+    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+    from vllm.models.deepseek_v32 import attention as v32
+
+    from b12x.integration.vllm import indexer_backend as b
+
+    _replace(
+        DeepseekV4Attention,
+        "_get_indexer_cls",
+        b.make_v4_indexer_cls(DeepseekV4Attention._get_indexer_cls, _accept),
+    )
+    attention = v32.DeepseekV32Attention
+    indexer_cls = b.make_v32_indexer_cls(attention.indexer_cls, _accept)
+    _replace(attention, "indexer_cls", staticmethod(indexer_cls))
+    _replace(v32, "SparseAttnIndexer", b.make_v32_op_factory(v32.SparseAttnIndexer))
+    _replace(v32, "sparse_attn_indexer", b.make_v32_dispatcher(v32.sparse_attn_indexer))
+
+
+def install(vllm_config: Any = None) -> bool:
+    """Routes vLLM's DeepSeek V3.2 / V4 sparse indexer through b12x.
+
+    Idempotent: the hooks go in once; later calls only check. Layers built
+    before the first successful call keep vLLM's indexer.
+
+    Parameters
+    ----------
+    vllm_config
+        vLLM's ``VllmConfig``, when known: checked for what the b12x indexer
+        does not do. Without it only the GPU is checked here; every layer
+        still checks the config it is built with.
+
+    Returns
+    -------
+    bool
+        True when the hooks are in and nothing seen rules b12x out; False
+        (the reason logged once) otherwise, with vLLM left as it was.
+    """
+    reason = unsupported_reason(vllm_config)
+    if reason is not None:
+        _log_once(reason)
+        return False
+    if not _REPLACED:
+        try:
+            _install_hooks()
+        except (ImportError, AttributeError, KeyError) as e:
+            uninstall()
+            _log_once(f"vLLM's DeepSeek indexer seams are not where b12x expects them ({e!r})")
+            return False
+        log.info("b12x indexer installed for DeepSeek V3.2 / V4 sparse attention")
+    return True
+
+
+def installed() -> bool:
+    """True while the hooks are in."""
+    return bool(_REPLACED)
+
+
+def uninstall() -> None:
+    """Puts vLLM's own classes and functions back (layers already built keep theirs)."""
+    while _REPLACED:
+        owner, name, value = _REPLACED.pop()
+        setattr(owner, name, value)
