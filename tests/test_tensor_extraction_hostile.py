@@ -255,7 +255,7 @@ def test_a_raising_dlpack_attribute_is_named():
 def test_odd_dlpack_dtypes_display_readably(dtype, name):
     assert meta(Producer(dtype=dtype)).dtype == name
     with pytest.raises(b12x.DTypeError, match=re.escape(f"expected dtype int32, got {name}")):
-        _core.validate_operand(Producer(dtype=dtype), "x", dtypes=["int32"])
+        _core._validate_operand(Producer(dtype=dtype), "x", dtypes=["int32"])
 
 
 @pytest.mark.parametrize(

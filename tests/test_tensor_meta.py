@@ -36,7 +36,7 @@ def test_dlpack_path_matches_torch_path(dtype):
     view = base[1:, ::2, :]  # an offset, strided view
     fast = _core.tensor_meta(view)
     try:
-        slow = _core.tensor_meta_dlpack(view)
+        slow = _core._tensor_meta_dlpack(view)
     except (BufferError, RuntimeError, TypeError) as e:  # torch builds without fp8 DLPack
         pytest.skip(f"torch cannot export {dtype} through DLPack: {e}")
     assert (slow.dtype, slow.device, slow.shape, slow.strides) == (

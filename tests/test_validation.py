@@ -9,7 +9,7 @@ from b12x import _core
 
 
 def check(t, **kw):
-    return _core.validate_operand(t, "x", **kw)
+    return _core._validate_operand(t, "x", **kw)
 
 
 def test_valid_operand_returns_its_byte_extent():

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
-# torch's device index is an int8
-_MAX_CUDA_ORDINAL = 127
-_DEVICE = re.compile(r"cpu|cuda(:(\d+))?")
+from b12x import _core
 
 
 class Unavailable(RuntimeError):
@@ -47,11 +44,11 @@ non_negative_int = int_at_least(0)
 
 
 def device(text: str) -> str:
-    """'cpu', 'cuda' (torch's current device) or 'cuda:N' with N <= 127."""
-    m = _DEVICE.fullmatch(text)
-    if m is None or (m.group(2) is not None and int(m.group(2)) > _MAX_CUDA_ORDINAL):
+    """'cpu', 'cuda' (torch's current device) or 'cuda:N' with N <= 127
+    (b12x-core's device grammar)."""
+    if _core.parse_device_name(text) is None:
         raise argparse.ArgumentTypeError(
-            f"expected cpu, cuda or cuda:N (N <= {_MAX_CUDA_ORDINAL}), got {text!r}"
+            f"expected cpu, cuda or cuda:N (N <= {_core.MAX_CUDA_ORDINAL}), got {text!r}"
         )
     return text
 

@@ -1,7 +1,16 @@
-"""Type stubs for the b12x._core extension (kept in step by tests/test_core_stubs.py)."""
+"""Type stubs for the b12x._core extension.
+
+``./dev lint`` checks them against the built extension with ``mypy.stubtest``
+(exceptions, each with its reason, in ``.mypy-stubtest-allowlist``). Every
+extension class is final (pyo3 classes cannot be subclassed) and constructors
+are ``__new__`` (pyo3's ``#[new]``).
+"""
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Final, Literal, TypeVar, final
+
+import torch
+from typing_extensions import Self
 
 _Declared = TypeVar("_Declared")
 
@@ -17,9 +26,15 @@ def can_access_peer(from_: int, to: int, /) -> bool: ...
 def load_kernels(ordinal: int) -> None: ...
 def kernels_loaded(ordinal: int) -> bool: ...
 
+# devices: the one grammar of device strings (b12x-core's DeviceName)
+MAX_CUDA_ORDINAL: Final[int]
+
+def parse_device_name(text: str) -> tuple[Literal["cpu", "cuda"], int | None] | None: ...
+
 # tensor metadata and validation
 def torch_shim_state() -> str: ...
 
+@final
 class TensorMeta:
     @property
     def dtype(self) -> str: ...
@@ -36,10 +51,12 @@ class TensorMeta:
     @property
     def address(self) -> int: ...
 
-def tensor_meta(obj: Any) -> TensorMeta: ...
-def tensor_meta_dlpack(obj: Any) -> TensorMeta: ...
-def validate_operand(
-    obj: Any,
+def tensor_meta(obj: object) -> TensorMeta: ...
+
+# test and benchmark hooks (private: not part of the API)
+def _tensor_meta_dlpack(obj: object) -> TensorMeta: ...
+def _validate_operand(
+    obj: object,
     operand: str,
     *,
     dtypes: list[str] | None = None,
@@ -50,8 +67,6 @@ def validate_operand(
     align: int | None = None,
 ) -> int: ...
 
-# kernels
-
 # --- allreduce (b12x.comm.pcie re-exports these under public names) ---
 ALLREDUCE_ENV: dict[str, str]
 ALLREDUCE_DEFAULT_TIMEOUT_S: float
@@ -61,11 +76,11 @@ def allreduce_timeout_ns(timeout_s: float | None, env: Mapping[str, str] | None 
 def allreduce_twoshot_push(
     choice: bool | None, env: Mapping[str, str] | None = None
 ) -> bool | None: ...
-def allreduce_fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None: ...
+def _allreduce_fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None: ...  # test hook
 def allreduce_route(
     operation: str,
     shape: Sequence[int],
-    dtype: Any,
+    dtype: torch.dtype,
     strides: Sequence[int] | None,
     world: int,
     limits: Limits,
@@ -80,14 +95,15 @@ def allreduce_prepare(
 def pci_bus_id(ordinal: int) -> str: ...
 def p2p_native_atomics(ordinal: int, peer_bus_id: str) -> bool | None: ...
 
+@final
 class Limits:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         oneshot_max: int | None = None,
         fused_max: int | None = None,
         twoshot_max: int | None = None,
         twoshot_row_elems: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @staticmethod
     def from_env(env: Mapping[str, str] | None = None) -> Limits: ...
     @property
@@ -99,9 +115,10 @@ class Limits:
     @property
     def twoshot_row_elems(self) -> int: ...
     def slot_bytes(self, twoshot_push: bool = False) -> int: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class AllReducePlan:
     @property
     def route(self) -> str: ...
@@ -124,16 +141,17 @@ class AllReducePlan:
     @property
     def twoshot_push(self) -> bool: ...
 
+@final
 class IpcAllReduce:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         ordinal: int,
         rank: int,
         world: int,
         limits: Limits,
         twoshot_push: bool,
         timeout_ns: int,
-    ) -> None: ...
+    ) -> Self: ...
     def handle(self) -> bytes: ...
     def open_peers(self, handles: list[bytes]) -> None: ...
     def close_peers(self) -> None: ...
@@ -151,23 +169,22 @@ class IpcAllReduce:
     def admit(
         self,
         index: DeclaredPlanIndex,
-        tensor: Any,
+        tensor: torch.Tensor,
         operation: str | None = None,
-        weight: Any | None = None,
+        weight: torch.Tensor | None = None,
         epsilon: float | None = None,
-        residual: Any | None = None,
+        residual: torch.Tensor | None = None,
     ) -> AllReducePlan | None: ...
-    def run(self, plan: AllReducePlan, inp: Any, out: Any, /) -> None: ...
+    def run(self, plan: AllReducePlan, inp: torch.Tensor, out: torch.Tensor) -> None: ...
     def run_fused(
         self,
         plan: AllReducePlan,
-        inp: Any,
-        residual: Any,
-        weight: Any,
+        inp: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
         eps: float,
-        out: Any,
-        residual_out: Any,
-        /,
+        out: torch.Tensor,
+        residual_out: torch.Tensor,
     ) -> None: ...
 
 # --- indexer (b12x.attention.dsa_indexer re-exports these under public names) ---
@@ -180,21 +197,22 @@ INDEXER_MAX_HEADS: int
 INDEXER_SUPPORTED_TOPK: tuple[int, ...]
 INDEXER_MMA_FLAVORS: tuple[str, ...]
 
+@final
 class IndexerCaps:
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         device: Any,
         num_q_heads: int,
         max_q_rows: int,
         max_page_table_width: int,
         topk: int,
-        mode: str = "decode",
-        output_index_space: str = "logical",
-        page_size: int = 64,
-        supertile_tokens: int = 0,
-        precision: str = "exact",
-    ) -> None: ...
+        mode: str | None = None,  # None: "decode"
+        output_index_space: str | None = None,  # None: "logical"
+        page_size: int | None = None,  # None: 64
+        supertile_tokens: int | None = None,  # None: 0 (the plan picks)
+        precision: str | None = None,  # None: "exact"
+    ) -> Self: ...
     @property
     def device(self) -> Any: ...
     @property
@@ -215,9 +233,10 @@ class IndexerCaps:
     def supertile_tokens(self) -> int: ...
     @property
     def precision(self) -> str: ...
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, value: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class IndexerScratchSpec:
     @property
     def name(self) -> str: ...
@@ -230,6 +249,7 @@ class IndexerScratchSpec:
     @property
     def nbytes(self) -> int: ...
 
+@final
 class IndexerScratchRegion:
     @property
     def name(self) -> str: ...
@@ -244,6 +264,7 @@ class IndexerScratchRegion:
     @property
     def numel(self) -> int: ...
 
+@final
 class IndexerScratchLayout:
     @property
     def nbytes(self) -> int: ...
@@ -255,15 +276,16 @@ class IndexerScratchLayout:
     def max_chunks(self) -> int: ...
     @property
     def regions(self) -> tuple[IndexerScratchRegion, ...]: ...
-    def __getitem__(self, name: str) -> IndexerScratchRegion: ...
+    def __getitem__(self, key: str, /) -> IndexerScratchRegion: ...
     def get(self, name: str, default: Any = None) -> IndexerScratchRegion | Any: ...
-    def __contains__(self, name: object) -> bool: ...
+    def __contains__(self, key: object, /) -> bool: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[str]: ...
     def keys(self) -> tuple[str, ...]: ...
     def values(self) -> tuple[IndexerScratchRegion, ...]: ...
     def items(self) -> list[tuple[str, IndexerScratchRegion]]: ...
 
+@final
 class IndexerPlan:
     @property
     def caps(self) -> IndexerCaps: ...
@@ -308,6 +330,7 @@ class IndexerPlan:
     def scratch_specs(self) -> tuple[IndexerScratchSpec]: ...
     def shapes_and_dtypes(self) -> tuple[tuple[tuple[int], Any]]: ...
 
+@final
 class IndexerBinding:
     @property
     def plan(self) -> IndexerPlan: ...
@@ -339,7 +362,7 @@ class IndexerBinding:
     def check(self) -> None: ...
     def region_address(self, name: str) -> int: ...
 
-def indexer_plan(caps: IndexerCaps, /) -> IndexerPlan: ...
+def indexer_plan(caps: IndexerCaps) -> IndexerPlan: ...
 def indexer_build_plan(
     caps: IndexerCaps, /, *, mma_flavor: str | None = None, topk_only: bool = False
 ) -> IndexerPlan: ...
@@ -358,14 +381,15 @@ def indexer_bind(
     output_indices: Any,
     output_scores: Any | None = None,
 ) -> IndexerBinding: ...
-def indexer_run(binding: IndexerBinding, /) -> Any: ...
+def indexer_run(binding: IndexerBinding) -> Any: ...
 def indexer_check(ordinal: int | None, /) -> None: ...
 
 # --- collective: declared-plan index (b12x.comm.pcie) ---
+@final
 class DeclaredPlanIndex:
     """Declared collective plans, found by exact key in constant time."""
 
-    def __init__(self, pairs: Iterable[tuple[Any, Any]] | None = None) -> None: ...
+    def __new__(cls, pairs: Iterable[tuple[Any, Any]] | None = None) -> Self: ...
     def rebuild(self, pairs: Iterable[tuple[Any, Any]]) -> None: ...
     def clear(self) -> None: ...
     def __len__(self) -> int: ...

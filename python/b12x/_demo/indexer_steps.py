@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,10 @@ from b12x._demo.model import (
     check_selection,
     forward_context,
 )
+from b12x.bench.common import capture_graph, gpu_time_us
+
+if TYPE_CHECKING:
+    from b12x.integration.vllm import C4SparseIndexer
 
 PREFIX = "model.layers.2.self_attn.indexer"
 SENTINEL = -5  # never written by a selection (indices are >= -1)
@@ -33,7 +37,9 @@ def indexer_module() -> tuple[Any, str | None]:
     return dsa_indexer, None
 
 
-def _adapter(batch: Any, topk: int, rows: int, max_model_len: int, device: torch.device, **kw):
+def _adapter(
+    batch: Any, topk: int, rows: int, max_model_len: int, device: torch.device, **kw: Any
+) -> C4SparseIndexer:
     from b12x.integration.vllm import C4SparseIndexer
 
     return C4SparseIndexer(
@@ -103,16 +109,8 @@ def cpu_indexer_step() -> StepResult:
     return StepResult(name, where, f"{summary}; matches reference", f"{elapsed * 1e3:.1f} ms", "ok")
 
 
-def _replay_us(graph: Any, repeats: int = 50) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
+def _replay_us(graph: torch.cuda.CUDAGraph, repeats: int = 50) -> float:
+    return statistics.median(gpu_time_us(graph.replay, repeats, sync_each=True))
 
 
 def gpu_indexer_step(ordinal: int = 0) -> StepResult:
@@ -159,12 +157,7 @@ def gpu_indexer_step(ordinal: int = 0) -> StepResult:
         step()  # eager: plans (loads the kernels) and grows the workspace
         torch.cuda.synchronize()
         check_selection(module.reference, batch, out, shape.topk)
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            step()
-        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = capture_graph(step, device=device, warmup=False)
         out.fill_(SENTINEL)
         graph.replay()
         torch.cuda.synchronize()

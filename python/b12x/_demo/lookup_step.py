@@ -6,16 +6,20 @@ from __future__ import annotations
 import timeit
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from b12x._demo import StepResult
+from b12x.comm.pcie.invocation import FUSED, PLAIN
+
+if TYPE_CHECKING:
+    from b12x.comm.pcie import Invocation
 
 LAYERS = 61  # DeepSeek V4's layer count
 HIDDEN = 7168
 EPS = 1e-6
 TOKEN_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-FUSED = "all_reduce_fused_add_rms_norm"
 
 
 @dataclass(frozen=True)
@@ -30,18 +34,18 @@ class DecoderLayer:
     """The collectives of one decoder layer: the attention output's all-reduce and
     the MoE output's all-reduce fused with the next residual add + RMSNorm."""
 
-    def __init__(self, index: int, invocation: type) -> None:
+    def __init__(self, index: int, invocation: type[Invocation]) -> None:
         self.index = index
         self.norm_weight = torch.ones(HIDDEN, dtype=torch.bfloat16)
         self._invocation = invocation
 
-    def describe(self, workload: Workload) -> list:
+    def describe(self, workload: Workload) -> list[Invocation]:
         out = []
         for rows in workload.token_counts:
             out.append(
                 self._invocation(
                     name=f"layers.{self.index}.attn_output_all_reduce.m{rows}",
-                    operation="all_reduce",
+                    operation=PLAIN,
                     shape=(rows, HIDDEN),
                     dtype=torch.bfloat16,
                 )

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from b12x.attention.dsa_indexer import INDEX_HEAD_DIM
+from b12x.attention.dsa_indexer import PAGED_INDEX_PAGE_SIZE as PAGE_SIZE
+
 FP8_MAX = 448.0
-PAGE_SIZE = 64
 COMPRESS_RATIO = 4
 
 
@@ -24,7 +26,7 @@ COMPRESS_RATIO = 4
 class Shape:
     hidden: int = 7168
     index_heads: int = 64
-    head_dim: int = 128
+    head_dim: int = INDEX_HEAD_DIM
     topk: int = 512
 
 
@@ -62,7 +64,8 @@ class IndexProjections(torch.nn.Module):
     @torch.no_grad()
     def keys(self, compressed: torch.Tensor) -> torch.Tensor:
         """Index K rows (float32 ``[rows, 128]``) of compressed hidden states."""
-        return self.k_norm(self.wk(compressed)).float()
+        keys: torch.Tensor = self.k_norm(self.wk(compressed)).float()
+        return keys
 
 
 @dataclass
@@ -183,7 +186,9 @@ class GrowingWorkspace:
         self.buffer = torch.empty(0, dtype=torch.uint8, device=device)
         self.requests = 0
 
-    def get_simultaneous(self, *shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]):
+    def get_simultaneous(
+        self, *shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]
+    ) -> list[torch.Tensor]:
         self.requests += 1
         sizes = []
         for shape, dtype in shapes_and_dtypes:

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import statistics
 import traceback
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from b12x._demo import StepResult
+from b12x.bench.common import capture_graph, gpu_time_us
 from b12x.comm.local_group import free_port, init_local_group
+from b12x.comm.pcie.invocation import FUSED
+
+if TYPE_CHECKING:
+    from b12x.comm.pcie import Invocation
 
 HIDDEN = 7168
 ATTN_OUT = 128 * 128  # heads x value head dim feeding o_proj (split over ranks)
@@ -114,15 +120,16 @@ class _OutputLayer:
 
     def local_weight(self, rank: int) -> torch.Tensor:
         cols = ATTN_OUT // self.world
-        return self.o_proj[:, rank * cols : (rank + 1) * cols].contiguous().to(self.device)
+        weight: torch.Tensor = self.o_proj[:, rank * cols : (rank + 1) * cols]
+        return weight.contiguous().to(self.device)
 
-    def describe(self, workload: Any) -> list:
+    def describe(self, workload: Any) -> list[Invocation]:
         from b12x.comm.pcie import Invocation
 
         return [
             Invocation(
                 name=f"layers.0.o_proj_add_rms_norm.m{rows}",
-                operation="all_reduce_fused_add_rms_norm",
+                operation=FUSED,
                 shape=(rows, HIDDEN),
                 dtype=torch.bfloat16,
                 norm_weight=self.norm_weight,
@@ -132,17 +139,17 @@ class _OutputLayer:
         ]
 
 
-def _graph_us(fn: Any, device: torch.device, repeats: int = 100) -> tuple[Any, float]:
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(stream)
-    return graph, statistics.median(_replays(graph, device, repeats))
+def _graph_us(fn: Callable[[], object], device: torch.device, repeats: int = 100) -> float:
+    """Median us of a graph replay of one ``fn`` call."""
+    graph = capture_graph(fn, device=device, warmup=False)
+    return _replay_us(graph, repeats)
 
 
-def _layer_step(rank: int, world: int) -> dict:
+def _replay_us(graph: torch.cuda.CUDAGraph, repeats: int = 100) -> float:
+    return statistics.median(gpu_time_us(graph.replay, repeats, sync_each=True))
+
+
+def _layer_step(rank: int, world: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from b12x._demo.lookup_step import Workload
@@ -155,7 +162,7 @@ def _layer_step(rank: int, world: int) -> dict:
     layer = _OutputLayer(world, device)
     comm.register_describer(layer, layer.describe)
     routes = comm.prepare(Workload(ROWS))
-    report: dict = {"rows": {}}
+    report: dict[str, Any] = {"rows": {}}
     ok_all = True
     for rows in ROWS:
         if f"layers.0.o_proj_add_rms_norm.m{rows}" in routes:
@@ -196,14 +203,14 @@ class _RowsCase:
         return out, res
 
     def fused(self, x: torch.Tensor, res: torch.Tensor) -> bool:
-        return self.comm.try_fused_add_rms_norm(x, res, self.layer.norm_weight, EPS)
+        return bool(self.comm.try_fused_add_rms_norm(x, res, self.layer.norm_weight, EPS))
 
     @staticmethod
     def close(got: torch.Tensor, want: torch.Tensor) -> tuple[bool, float]:
         err = float((got.float() - want.float()).abs().max())
         return bool(torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)), err
 
-    def run(self) -> dict:
+    def run(self) -> dict[str, Any]:
         import torch.distributed as dist
 
         from b12x.integration.vllm import add_rms_norm_
@@ -217,16 +224,12 @@ class _RowsCase:
         ok = ok and ok_x and ok_r
         # Capture once, then replay with new inputs written into the captured buffers.
         static_x, static_res = p.clone(), self.residual0.clone()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        graph = torch.cuda.CUDAGraph()
-        with (
-            torch.cuda.stream(stream),
-            self.comm.capture(),
-            torch.cuda.graph(graph, stream=stream),
-        ):
-            self.fused(static_x, static_res)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = capture_graph(
+            lambda: self.fused(static_x, static_res),
+            device=self.device,
+            warmup=False,
+            scope=self.comm.capture(),
+        )
         for _ in range(2):
             p = self.partial()
             want, want_res = self.reference(p)
@@ -236,7 +239,7 @@ class _RowsCase:
             ok_x, err_x = self.close(static_x, want)
             ok_r, _ = self.close(static_res, want_res)
             ok, err = ok and ok_x and ok_r, max(err, err_x)
-        fused_us = statistics.median(_replays(graph, self.device))
+        fused_us = _replay_us(graph)
         nccl_x, nccl_res = p.clone(), self.residual0.clone()
 
         def nccl_step() -> None:
@@ -244,11 +247,12 @@ class _RowsCase:
             add_rms_norm_(nccl_x, nccl_res, self.layer.norm_weight, EPS)
 
         try:
-            _, nccl_us = _graph_us(nccl_step, self.device)
+            nccl_us = _graph_us(nccl_step, self.device)
             nccl_mode = "graph"
         except Exception:  # NCCL capture unsupported here: time it eagerly instead
             torch.cuda.synchronize(self.device)
-            nccl_us, nccl_mode = _eager_us(nccl_step, self.device), "eager"
+            nccl_us = statistics.median(gpu_time_us(nccl_step, 100, sync_each=True))
+            nccl_mode = "eager"
         return {
             "ok": ok,
             "max_err": err,
@@ -256,27 +260,3 @@ class _RowsCase:
             "nccl_us": nccl_us,
             "nccl_mode": nccl_mode,
         }
-
-
-def _eager_us(fn: Any, device: torch.device, repeats: int = 100) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(samples)
-
-
-def _replays(graph: Any, device: torch.device, repeats: int = 100) -> list[float]:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(repeats):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3)
-    return samples

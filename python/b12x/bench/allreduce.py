@@ -18,12 +18,18 @@ import json
 import os
 import tempfile
 import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from b12x._cli_args import int_at_least, positive_int, require_gpus
-from b12x.bench.common import BenchResult
+from b12x.bench.common import BenchResult, gpu_time_us, time_graph_us
 from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
 
 ONESHOT_BYTES = [8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]
 EAGER_BYTES = [8 << 10, 64 << 10, 256 << 10]
@@ -49,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn
 
     os.environ.update(NVLS_OFF)
     gpus = args.gpus or torch.cuda.device_count()
@@ -59,7 +65,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     result = BenchResult("allreduce", config)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "rank0.json")
-        mp.spawn(
+        spawn(
             _worker,
             args=(gpus, free_port(), str(out), args.calls, args.samples, args.quick),
             nprocs=gpus,
@@ -106,52 +112,42 @@ def _verdicts(result: BenchResult) -> list[str]:
 
 # ------------------------------------------------------------------ worker
 class _Inv:
-    def __init__(self, name, operation, shape, dtype, weight=None, eps=None):
+    """A declared invocation (b12x.comm.pcie.Declaration) without Invocation's checks."""
+
+    def __init__(
+        self,
+        name: str,
+        operation: str,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        weight: torch.Tensor | None = None,
+        eps: float | None = None,
+    ) -> None:
         self.name, self.operation, self.shape, self.dtype = name, operation, tuple(shape), dtype
-        self.strides, self.input_alignment = None, 16
+        self.strides: tuple[int, ...] | None = None
+        self.input_alignment = 16
         self.norm_weight, self.epsilon = weight, eps
         self.channel_id = self.persistent_input = None
 
 
-def _graph_samples(torch, fn, calls: int, samples: int) -> list[float]:
+def _graph_samples(fn: Callable[[], object], calls: int, samples: int) -> list[float]:
     """us per call: `samples` replays of a graph of `calls` back-to-back calls."""
-    fn()  # warm (outside capture)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
-        g.replay()
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(samples + 1)]
-    events[0].record()
-    for i in range(samples):
-        g.replay()
-        events[i + 1].record()
-    torch.cuda.synchronize()
-    return [events[i].elapsed_time(events[i + 1]) * 1e3 / calls for i in range(samples)]
+    return time_graph_us(fn, samples, calls=calls, warmup=3)
 
 
-def _eager_samples(torch, fn, calls: int, samples: int) -> list[float]:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(samples):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / calls)
-    return out
+def _eager_samples(fn: Callable[[], object], calls: int, samples: int) -> list[float]:
+    """us per call: `samples` samples of `calls` launches from Python, each
+    started on an idle GPU (so host launch cost counts)."""
+    return gpu_time_us(fn, samples, repeat=calls, warmup=5, sync_each=True)
 
 
-def _worker(rank, world, port, out_path, calls, samples, quick):
+def _worker(
+    rank: int, world: int, port: int, out_path: str, calls: int, samples: int, quick: bool
+) -> None:
     import torch
     import torch.distributed as dist
 
+    from b12x.comm.pcie import FUSED, PLAIN
     from b12x.comm.pcie.allreduce import AllReduce, Limits
 
     init_local_group(rank, world, port)
@@ -162,14 +158,16 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
     twoshot_bytes = TWOSHOT_BYTES[::2] if quick else TWOSHOT_BYTES
     fused_rows = [1, 16] if quick else FUSED_ROWS
 
-    def add(case, arm, samples_us, **extra):
+    def add(case: str, arm: str, samples_us: list[float], **extra: Any) -> None:
         rows.append({"case": case, "arm": arm, "samples_us": samples_us, "world": world, **extra})
 
-    def measure(case, arm, fn, eager=False, **extra):
+    def measure(
+        case: str, arm: str, fn: Callable[[], object], *, eager: bool = False, **extra: Any
+    ) -> None:
         dist.barrier()
         try:
             timer = _eager_samples if eager else _graph_samples
-            add(case, arm, timer(torch, fn, calls, samples), **extra)
+            add(case, arm, timer(fn, calls, samples), **extra)
         except Exception as e:
             notes.append(f"{case} {arm}: not measured ({type(e).__name__}: {e})".splitlines()[0])
             if rank == 0 and os.environ.get("B12X_BENCH_TRACEBACK"):
@@ -189,17 +187,14 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
     weight = torch.linspace(0.5, 1.5, HIDDEN, device="cuda", dtype=bf16)
     eps = 1e-6
     one.declare(
-        [_Inv(f"o{n}", "all_reduce", (n // 2,), bf16) for n in oneshot_bytes]
-        + [
-            _Inv(f"f{r}", "all_reduce_fused_add_rms_norm", (r, HIDDEN), bf16, weight, eps)
-            for r in fused_rows
-        ]
+        [_Inv(f"o{n}", PLAIN, (n // 2,), bf16) for n in oneshot_bytes]
+        + [_Inv(f"f{r}", FUSED, (r, HIDDEN), bf16, weight, eps) for r in fused_rows]
     )
     for ar in (two, two_pull):
-        ar.declare([_Inv(f"t{n}", "all_reduce", (n // 2,), bf16) for n in twoshot_bytes])
+        ar.declare([_Inv(f"t{n}", PLAIN, (n // 2,), bf16) for n in twoshot_bytes])
 
-    symm = _symm_mem(torch, dist, max(TWOSHOT_BYTES) // 2, notes)
-    group_name = dist.group.WORLD.group_name
+    symm = _symm_mem(max(TWOSHOT_BYTES) // 2, notes)
+    group_name = _world().group_name
 
     for nbytes in oneshot_bytes:
         x = torch.randn(nbytes // 2, device="cuda").to(bf16)
@@ -209,21 +204,21 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
                 continue
             case = f"oneshot_{nbytes}B_{mode}"
             eager = mode == "eager"
-            measure(case, "b12x", lambda x=x, y=y: one.all_reduce(x, y), eager, bytes=nbytes)
-            measure(case, "nccl", lambda x=x: dist.all_reduce(x), eager, bytes=nbytes)
+            measure(case, "b12x", partial(one.all_reduce, x, y), eager=eager, bytes=nbytes)
+            measure(case, "nccl", partial(dist.all_reduce, x), eager=eager, bytes=nbytes)
             if symm is not None and not eager:
                 s = symm[: nbytes // 2]
                 s.copy_(x)
                 measure(
                     case,
                     "symm_one_shot",
-                    lambda s=s: torch.ops.symm_mem.one_shot_all_reduce(s, "sum", group_name),
+                    partial(torch.ops.symm_mem.one_shot_all_reduce, s, "sum", group_name),
                     bytes=nbytes,
                 )
                 measure(
                     case,
                     "symm_two_shot",
-                    lambda s=s: torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", group_name),
+                    partial(torch.ops.symm_mem.two_shot_all_reduce_, s, "sum", group_name),
                     bytes=nbytes,
                 )
 
@@ -231,20 +226,20 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
         x = torch.randn(nbytes // 2, device="cuda").to(bf16)
         y = torch.empty_like(x)
         case = f"twoshot_{nbytes}B_graph"
-        measure(case, "b12x", lambda x=x, y=y: two.all_reduce(x, y), bytes=nbytes)
-        measure(case, "b12x_pull", lambda x=x, y=y: two_pull.all_reduce(x, y), bytes=nbytes)
-        measure(case, "nccl", lambda x=x: dist.all_reduce(x), bytes=nbytes)
+        measure(case, "b12x", partial(two.all_reduce, x, y), bytes=nbytes)
+        measure(case, "b12x_pull", partial(two_pull.all_reduce, x, y), bytes=nbytes)
+        measure(case, "nccl", partial(dist.all_reduce, x), bytes=nbytes)
         if symm is not None:
             s = symm[: nbytes // 2]
             s.copy_(x)
             measure(
                 case,
                 "symm_two_shot",
-                lambda s=s: torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", group_name),
+                partial(torch.ops.symm_mem.two_shot_all_reduce_, s, "sum", group_name),
                 bytes=nbytes,
             )
 
-            def symm_with_copy(s=s, x=x):
+            def symm_with_copy(s: torch.Tensor = s, x: torch.Tensor = x) -> None:
                 s.copy_(x)
                 torch.ops.symm_mem.two_shot_all_reduce_(s, "sum", group_name)
 
@@ -254,15 +249,10 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
         x = torch.randn(r, HIDDEN, device="cuda").to(bf16)
         res = torch.randn(r, HIDDEN, device="cuda").to(bf16)
         case = f"fused_r{r}_h{HIDDEN}_graph"
-        extra = {"rows": r, "bytes": r * HIDDEN * 2}
-        measure(
-            case,
-            "b12x",
-            lambda x=x, res=res: one.fused_add_rms_norm(x, res, weight, eps),
-            **extra,
-        )
+        extra: dict[str, Any] = {"rows": r, "bytes": r * HIDDEN * 2}
+        measure(case, "b12x", partial(one.fused_add_rms_norm, x, res, weight, eps), **extra)
 
-        def nccl_rmsnorm(x=x, res=res):
+        def nccl_rmsnorm(x: torch.Tensor = x, res: torch.Tensor = res) -> torch.Tensor:
             dist.all_reduce(x)
             res.add_(x)
             return torch.nn.functional.rms_norm(res, (HIDDEN,), weight, eps)
@@ -277,12 +267,22 @@ def _worker(rank, world, port, out_path, calls, samples, quick):
     dist.destroy_process_group()
 
 
-def _symm_mem(torch, dist, numel, notes):
+def _world() -> dist.ProcessGroup:
+    import torch.distributed as dist
+
+    world = dist.group.WORLD
+    assert world is not None, "init_local_group() ran first"
+    return world
+
+
+def _symm_mem(numel: int, notes: list[str]) -> torch.Tensor | None:
     """A rendezvoused torch SymmetricMemory bf16 buffer, or None (noted) if unavailable."""
+    import torch
+
     try:
         import torch.distributed._symmetric_memory as symm_mem
 
-        group_name = dist.group.WORLD.group_name
+        group_name = _world().group_name
         buf = symm_mem.empty(numel, dtype=torch.bfloat16, device=torch.device("cuda"))
         symm_mem.rendezvous(buf, group_name)
         buf.normal_()

@@ -1,7 +1,8 @@
-"""Shared benchmark plumbing: timing, metadata, table and JSON output."""
+"""Shared benchmark plumbing: host and GPU timing, metadata, table and JSON output."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -10,7 +11,10 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass
@@ -35,7 +39,7 @@ class BenchResult:
     def median(self, case: str, arm: str) -> float:
         for row in self.results:
             if row["case"] == case and row["arm"] == arm:
-                return row["median_us"]
+                return float(row["median_us"])
         raise KeyError((case, arm))
 
 
@@ -52,6 +56,140 @@ def time_per_call_us(
             fn()
         samples.append((time.perf_counter_ns() - t0) / 1e3 / number)
     return samples
+
+
+class TimingEvent(Protocol):
+    """What :func:`gpu_time_us` needs of an event (``torch.cuda.Event``)."""
+
+    def record(self) -> None: ...
+    def synchronize(self) -> None: ...
+    def elapsed_time(self, end_event: Any, /) -> float: ...  # milliseconds
+
+
+def _cuda_event() -> TimingEvent:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+def _cuda_synchronize() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def gpu_time_us(
+    step: Callable[[], object],
+    samples: int,
+    *,
+    repeat: int = 1,
+    per_step: int = 1,
+    warmup: int = 0,
+    flush: Callable[[], object] | None = None,
+    sync_each: bool = False,
+    event: Callable[[], TimingEvent] = _cuda_event,
+    synchronize: Callable[[], object] = _cuda_synchronize,
+) -> list[float]:
+    """GPU microseconds per operation: ``samples`` samples, each a pair of CUDA
+    events on the current stream around ``repeat`` calls of ``step``.
+
+    Parameters
+    ----------
+    step
+        One call: an eager launch or ``graph.replay``.
+    per_step
+        Operations one ``step`` performs (a graph of N captured calls is N);
+        each sample is divided by ``repeat * per_step``.
+    warmup
+        Untimed ``step`` calls first (then a synchronize).
+    flush
+        Called before each sample, outside its events (e.g. :func:`l2_flusher`).
+    sync_each
+        Wait for each sample before enqueuing the next, so every sample starts
+        on an idle GPU and includes the launch latency; otherwise samples run
+        back to back and one synchronize ends them all.
+    event, synchronize
+        The event factory and the device-wide wait (tests pass fakes).
+    """
+    for _ in range(warmup):
+        step()
+    if warmup:
+        synchronize()
+    pairs = []
+    for _ in range(samples):
+        if flush is not None:
+            flush()
+        start, end = event(), event()
+        start.record()
+        for _ in range(repeat):
+            step()
+        end.record()
+        if sync_each:
+            end.synchronize()
+        pairs.append((start, end))
+    synchronize()
+    ops = repeat * per_step
+    return [start.elapsed_time(end) * 1e3 / ops for start, end in pairs]
+
+
+def capture_graph(
+    fn: Callable[[], object],
+    *,
+    calls: int = 1,
+    device: torch.device | int | None = None,
+    warmup: bool = True,
+    scope: contextlib.AbstractContextManager[object] | None = None,
+) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``calls`` back-to-back calls of ``fn``, captured on a
+    side stream of ``device`` (default: the current device).
+
+    ``warmup`` runs ``fn`` once on that stream first, outside the capture
+    (allocator and lazy initialisation); ``scope`` is entered around the
+    capture (e.g. ``AllReduce.capture()``). The caller's stream waits for the
+    side stream afterwards. The graph is not replayed here.
+    """
+    import torch
+
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        if warmup:
+            fn()
+        with scope or contextlib.nullcontext(), torch.cuda.graph(graph, stream=side):
+            for _ in range(calls):
+                fn()
+    current.wait_stream(side)
+    return graph
+
+
+def time_graph_us(
+    fn: Callable[[], object],
+    samples: int,
+    *,
+    calls: int = 1,
+    warmup: int = 1,
+    flush: Callable[[], object] | None = None,
+    device: torch.device | int | None = None,
+) -> list[float]:
+    """Microseconds per call of ``fn``: captured ``calls`` times in one CUDA
+    graph (:func:`capture_graph`), replayed ``warmup`` times, then ``samples``
+    timed replays (:func:`gpu_time_us`; ``flush`` before each, untimed)."""
+    graph = capture_graph(fn, calls=calls, device=device)
+    return gpu_time_us(graph.replay, samples, per_step=calls, warmup=warmup, flush=flush)
+
+
+def l2_flusher(device: int) -> Callable[[], object]:
+    """Rewrites a buffer of twice the L2 size of CUDA ``device`` per call, so
+    the next timed sample reads its inputs from HBM, not L2."""
+    import torch
+
+    from b12x import _core
+
+    l2 = int(_core.device_info(device)["l2_bytes"])
+    buf = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device=torch.device("cuda", device))
+    return lambda: buf.add_(1)
 
 
 def source_hash() -> str:

@@ -26,9 +26,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         arms = {
             # extract + one small result object; the same extraction every bind uses
             "b12x_torch_path": lambda t=t: _core.tensor_meta(t),
-            "b12x_dlpack_path": lambda t=t: _core.tensor_meta_dlpack(t),
+            "b12x_dlpack_path": lambda t=t: _core._tensor_meta_dlpack(t),
             # extract + byte-extent check, returning an int (no result object)
-            "b12x_validate": lambda t=t: _core.validate_operand(t, "x"),
+            "b12x_validate": lambda t=t: _core._validate_operand(t, "x"),
             "torch_dunder_dlpack_only": lambda t=t: t.__dlpack__(),
             "python_attrs": lambda t=t: (t.dtype, t.device, t.shape, t.stride(), t.data_ptr()),
         }

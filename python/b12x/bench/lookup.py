@@ -66,10 +66,10 @@ def _arms(n: int, selected: list[str]) -> dict[str, Any]:
     import torch
 
     from b12x.bench.lookup_baselines import DictCommunicator, ScanCommunicator
-    from b12x.comm.pcie import DeclaredPlanIndex, Invocation
+    from b12x.comm.pcie import PLAIN, DeclaredPlanIndex, Invocation
 
     invocations = {
-        str(r): Invocation(name=str(r), operation="all_reduce", shape=(r, 16), dtype=torch.bfloat16)
+        str(r): Invocation(name=str(r), operation=PLAIN, shape=(r, 16), dtype=torch.bfloat16)
         for r in range(1, n + 1)
     }
     plans = {name: object() for name in invocations}

@@ -28,7 +28,11 @@ invocation) and ``_plans`` (name -> plan) are assigned, then
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +56,13 @@ class ScanCommunicator:
     _invocations: dict[str, Any]
     _plans: dict[str, Any]
 
-    def _plan_for(self, inp, operation="all_reduce", weight=None, epsilon=None):
+    def _plan_for(
+        self,
+        inp: torch.Tensor,
+        operation: str = "all_reduce",
+        weight: torch.Tensor | None = None,
+        epsilon: float | None = None,
+    ) -> Any:
         strides = tuple(inp.stride())
         for name, inv in self._invocations.items():
             if (
@@ -74,7 +84,7 @@ class ScanCommunicator:
             f"{tuple(inp.shape)} {inp.dtype} strides {strides}; declared: {declared}"
         )
 
-    def _has_plan_for(self, inp, **kwargs) -> bool:
+    def _has_plan_for(self, inp: torch.Tensor, **kwargs: Any) -> bool:
         from b12x.bench.lookup_baselines import ScanError
 
         try:
@@ -89,7 +99,14 @@ class ScanCommunicator:
         return True
 
 
-def _plan_key(operation, shape, dtype, strides, weight=None, epsilon=None):
+def _plan_key(
+    operation: str,
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    strides: Sequence[int],
+    weight: torch.Tensor | None = None,
+    epsilon: float | None = None,
+) -> tuple[Any, ...]:
     shape = tuple(shape)
     address_strides = tuple(
         0 if size == 1 else stride for size, stride in zip(shape, strides, strict=False)
@@ -115,12 +132,18 @@ class DictCommunicator:
             index.setdefault(key, self._plans[name])
         self._plan_index = index
 
-    def _lookup_plan(self, inp, operation="all_reduce", weight=None, epsilon=None):
+    def _lookup_plan(
+        self,
+        inp: torch.Tensor,
+        operation: str = "all_reduce",
+        weight: torch.Tensor | None = None,
+        epsilon: float | None = None,
+    ) -> Any:
         return self._plan_index.get(
             _plan_key(operation, inp.shape, inp.dtype, inp.stride(), weight, epsilon)
         )
 
-    def _has_plan_for(self, inp, **kwargs) -> bool:
+    def _has_plan_for(self, inp: torch.Tensor, **kwargs: Any) -> bool:
         if self._lookup_plan(inp, **kwargs) is not None:
             return True
         logger.debug(

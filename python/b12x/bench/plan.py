@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     )
     di.clear_caches()
 
-    def cold():
+    def cold() -> object:
         di.clear_caches()
         return di.plan(caps)
 
@@ -79,9 +79,13 @@ def run(args: argparse.Namespace) -> BenchResult:
     pages = width + 8
     tensors = {
         "scratch": torch.empty(plan.nbytes, dtype=torch.uint8, device=device),
-        "q_fp8": torch.zeros((rows, heads, 128), dtype=torch.float8_e4m3fn, device=device),
+        "q_fp8": torch.zeros(
+            (rows, heads, di.INDEX_HEAD_DIM), dtype=torch.float8_e4m3fn, device=device
+        ),
         "query_weights": torch.zeros((rows, heads), dtype=torch.float32, device=device),
-        "index_k_cache": torch.zeros((pages, 8448), dtype=torch.uint8, device=device),
+        "index_k_cache": torch.zeros(
+            (pages, di.INDEX_PAGE_BYTES), dtype=torch.uint8, device=device
+        ),
         "page_table": torch.zeros((rows, width), dtype=torch.int32, device=device),
         "cache_lengths": torch.zeros(rows, dtype=torch.int32, device=device),
         "active_width": torch.zeros(1, dtype=torch.int32, device=device),
@@ -91,7 +95,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     bind = di.bind
     t = tensors
 
-    def bind8():
+    def bind8() -> object:
         return bind(
             plan,
             scratch=t["scratch"],
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             output_indices=t["output_indices"],
         )
 
-    def bind9():
+    def bind9() -> object:
         return bind(
             plan,
             scratch=t["scratch"],
@@ -120,7 +124,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     values = list(tensors.values())
 
-    def python_reads():
+    def python_reads() -> None:
         # the floor: the torch attribute reads any bind needs, done in Python
         for x in values:
             (x.dtype, x.is_cuda, x.is_cpu, x.shape, x.stride(), x.data_ptr())

@@ -30,7 +30,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for the rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def init_local_group(
@@ -51,15 +52,15 @@ def init_local_group(
     import torch.distributed as dist
 
     os.environ.update(NVLS_OFF)
-    kwargs = {}
+    device_id = None
     if backend == "nccl":
         torch.cuda.set_device(rank)
-        kwargs["device_id"] = torch.device("cuda", rank)
+        device_id = torch.device("cuda", rank)
     dist.init_process_group(
         backend,
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
-        **kwargs,
+        device_id=device_id,
     )

@@ -150,6 +150,39 @@ impl Device {
     }
 }
 
+/// Highest CUDA ordinal b12x accepts: torch keeps a device index in an int8
+/// (`torch.device("cuda:300")` silently becomes cuda:44).
+pub const MAX_CUDA_ORDINAL: u32 = i8::MAX as u32;
+
+/// A device named by a string, in the one grammar every b12x entry point
+/// reads: `"cpu"`, `"cuda"` (torch's current device) or `"cuda:N"` with N in
+/// 0 ..= [`MAX_CUDA_ORDINAL`] (decimal digits only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceName {
+    Cpu,
+    /// `None`: the caller's current CUDA device.
+    Cuda(Option<u32>),
+}
+
+impl DeviceName {
+    /// `text` as a device name, or None when it is none (or names an
+    /// ordinal past [`MAX_CUDA_ORDINAL`]). Whitespace is not trimmed.
+    pub fn parse(text: &str) -> Option<DeviceName> {
+        match text {
+            "cpu" => Some(DeviceName::Cpu),
+            "cuda" => Some(DeviceName::Cuda(None)),
+            _ => {
+                let digits = text.strip_prefix("cuda:")?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let ordinal = digits.parse::<u32>().ok()?;
+                (ordinal <= MAX_CUDA_ORDINAL).then_some(DeviceName::Cuda(Some(ordinal)))
+            }
+        }
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -285,6 +318,31 @@ pub fn is_dense(shape: &[i64], strides: &[i64]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn device_names() {
+        use super::DeviceName::{Cpu, Cuda};
+        assert_eq!(DeviceName::parse("cpu"), Some(Cpu));
+        assert_eq!(DeviceName::parse("cuda"), Some(Cuda(None)));
+        assert_eq!(DeviceName::parse("cuda:0"), Some(Cuda(Some(0))));
+        assert_eq!(DeviceName::parse("cuda:007"), Some(Cuda(Some(7))));
+        assert_eq!(DeviceName::parse("cuda:127"), Some(Cuda(Some(MAX_CUDA_ORDINAL))));
+        for bad in [
+            "cuda:128",
+            "cuda:300",
+            "cuda:-1",
+            "cuda:+1",
+            "cuda:1.5",
+            "cuda:",
+            "gpu0",
+            "",
+            " cuda",
+            "cuda:99999999999",
+            "CPU",
+        ] {
+            assert_eq!(DeviceName::parse(bad), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     fn meta(dtype: DType, shape: &[i64], strides: &[i64]) -> TensorMeta {

@@ -18,7 +18,9 @@
 
 use std::ffi::{c_void, CStr};
 
-use b12x_core::{DType, Device, Dims, Error as CoreError, TensorMeta, MAX_RANK};
+use b12x_core::{
+    DType, Device, DeviceName, Dims, Error as CoreError, TensorMeta, MAX_CUDA_ORDINAL, MAX_RANK,
+};
 use pyo3::exceptions::PyException;
 use pyo3::ffi;
 use pyo3::intern;
@@ -517,8 +519,9 @@ fn tensor_meta(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
     Ok(PyTensorMeta(extract(obj, "tensor_meta", "tensor")?))
 }
 
-/// Same as `tensor_meta`, always through `__dlpack__` (for tests and benches).
-#[pyfunction]
+/// Same as `tensor_meta`, always through `__dlpack__`; private, for tests
+/// and `b12x bench extract`.
+#[pyfunction(name = "_tensor_meta_dlpack")]
 fn tensor_meta_dlpack(obj: &Bound<'_, PyAny>) -> PyB12xResult<PyTensorMeta> {
     if !obj.hasattr(intern!(obj.py(), "__dlpack__")).unwrap_or(false) {
         return Err(not_a_tensor(obj, "tensor_meta_dlpack", "tensor"));
@@ -556,25 +559,34 @@ pub(crate) fn parse_dtype(name: &str) -> PyB12xResult<DType> {
 }
 
 fn parse_device(name: &str) -> PyB12xResult<Device> {
-    match name {
-        "cpu" => Ok(Device::Cpu),
-        _ => name.strip_prefix("cuda:").and_then(|i| i.parse().ok()).map(Device::Cuda).ok_or_else(
-            || {
-                CoreError::InvalidValue {
-                    op: "validate_operand",
-                    operand: "device".into(),
-                    expected: "'cpu' or 'cuda:N'".into(),
-                    got: format!("{name:?}"),
-                }
-                .into()
-            },
-        ),
+    match DeviceName::parse(name) {
+        Some(DeviceName::Cpu) => Ok(Device::Cpu),
+        Some(DeviceName::Cuda(Some(ordinal))) => Ok(Device::Cuda(ordinal)),
+        // a bare "cuda" (torch's current device) is no fixed device to check against
+        _ => Err(CoreError::InvalidValue {
+            op: "validate_operand",
+            operand: "device".into(),
+            expected: format!("'cpu' or 'cuda:N' (N <= {MAX_CUDA_ORDINAL})").into(),
+            got: format!("{name:?}"),
+        }
+        .into()),
+    }
+}
+
+/// The device string grammar of b12x-core (`DeviceName`), for the Python
+/// entry points that take device strings: `("cpu", None)`, `("cuda", None)`
+/// for torch's current device, `("cuda", N)`, or None when `text` is none.
+#[pyfunction]
+fn parse_device_name(text: &str) -> Option<(&'static str, Option<u32>)> {
+    match DeviceName::parse(text)? {
+        DeviceName::Cpu => Some(("cpu", None)),
+        DeviceName::Cuda(ordinal) => Some(("cuda", ordinal)),
     }
 }
 
 /// Runs the shared operand checks on `obj`; returns its byte extent.
-/// The building block every bind uses, exposed for tests and tools.
-#[pyfunction]
+/// The building block every bind uses; private, for tests and `b12x bench extract`.
+#[pyfunction(name = "_validate_operand")]
 #[pyo3(signature = (obj, operand, *, dtypes=None, device=None, rank=None, contiguous=false, weakly_contiguous=false, align=None))]
 #[allow(clippy::too_many_arguments)]
 fn validate_operand(
@@ -626,5 +638,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tensor_meta, m)?)?;
     m.add_function(wrap_pyfunction!(tensor_meta_dlpack, m)?)?;
     m.add_function(wrap_pyfunction!(validate_operand, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_device_name, m)?)?;
+    m.add("MAX_CUDA_ORDINAL", MAX_CUDA_ORDINAL)?;
     Ok(())
 }

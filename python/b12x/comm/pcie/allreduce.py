@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
@@ -147,33 +146,26 @@ def prepare_declarations(
     return _core.allreduce_prepare(invocations, world, limits, multiprocessors, twoshot_push)
 
 
-_CUDA = re.compile(r"cuda(?::(\d+))?")
-# torch keeps a device index in 8 bits (torch.device("cuda:300") is cuda:44)
-_MAX_ORDINAL = 127
-
-
 def cuda_device(device: DeviceLike | None) -> torch.device:
     """The CUDA device of ``device``: a torch.device, ``"cuda[:N]"`` or an
     ordinal; None or a bare ``"cuda"`` mean torch's current device (cuda:0
     without CUDA, so the set-up can decline). A malformed device is a
     :class:`b12x.errors.DeviceError` naming it."""
-    index: int | None
+    index: int | None = -1  # -1: not a CUDA device
     if device is None:
         index = None
-    elif isinstance(device, bool):
-        index = -1
-    elif isinstance(device, int):
+    elif isinstance(device, int) and not isinstance(device, bool):
         index = device
-    elif isinstance(device, str) and (m := _CUDA.fullmatch(device.strip())):
-        index = None if m[1] is None else int(m[1])
+    elif isinstance(device, str):
+        name = _core.parse_device_name(device.strip())
+        if name is not None and name[0] == "cuda":
+            index = name[1]
     elif isinstance(device, torch.device) and device.type == "cuda":
         index = device.index
-    else:
-        index = -1
-    if index is not None and not 0 <= index <= _MAX_ORDINAL:
+    if index is not None and not 0 <= index <= _core.MAX_CUDA_ORDINAL:
         raise DeviceError(
             "AllReduce: device expected a CUDA device (a torch.device, 'cuda', 'cuda:N' or "
-            f"an ordinal N in 0..={_MAX_ORDINAL}), got {device!r}"
+            f"an ordinal N in 0..={_core.MAX_CUDA_ORDINAL}), got {device!r}"
         )
     if index is None:
         index = torch.cuda.current_device() if torch.cuda.is_available() else 0
@@ -275,9 +267,11 @@ class AllReduce:
         timeout_s: float | None = None,
         twoshot_push: bool | None = None,
     ) -> None:
-        self.group: dist.ProcessGroup = dist.group.WORLD if group is None else group
-        self.rank: int = dist.get_rank(self.group)
-        self.world_size: int = dist.get_world_size(self.group)
+        self.rank: int = dist.get_rank(group)  # raises without a default group
+        self.world_size: int = dist.get_world_size(group)
+        resolved = dist.group.WORLD if group is None else group
+        assert resolved is not None  # get_rank found the default group
+        self.group: dist.ProcessGroup = resolved
         self.enabled = False
         self.disabled_reason: str | None = None
         self._rt: _core.IpcAllReduce | None = None
@@ -313,7 +307,7 @@ class AllReduce:
         # 2. the two-shot transport (collective when auto), then the runtime
         if self.twoshot_push is None:
             self.twoshot_push = self._hs.all_pairs_nvlink(self._ordinal)
-        self._rt, why = handshake.open_runtime(
+        rt, why = handshake.open_runtime(
             self._hs,
             self._ordinal,
             self.limits,
@@ -321,16 +315,17 @@ class AllReduce:
             settings.timeout_ns,
             settings.fail_rank,
         )
-        if why is not None:
-            self._disable(why)
+        if rt is None:
+            self._disable(why or "set-up failed")
             return
+        self._rt = rt
         self.enabled = True
         log.info(
             "b12x IPC all-reduce enabled on rank %d/%d (cuda:%d, slab %d bytes, %s, two-shot %s)",
             self.rank,
             self.world_size,
             self._ordinal,
-            self._rt.slab_bytes,
+            rt.slab_bytes,
             self.limits,
             "push" if self.twoshot_push else "pull",
         )
@@ -434,7 +429,8 @@ class AllReduce:
         """The declared plan of this call; raises UndeclaredPlanError if none."""
         self._live(operation)
         try:
-            return self._index.plan_for(inp, operation, weight, epsilon)
+            plan: AllReducePlan = self._index.plan_for(inp, operation, weight, epsilon)
+            return plan
         except UndeclaredPlanError as e:
             if _capturing():
                 raise UndeclaredPlanError(

@@ -4,7 +4,7 @@ its two operations (their one home: every other module imports them)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from b12x import _core
 
@@ -81,7 +81,7 @@ class Invocation:
 
     def __post_init__(self) -> None:
         for field in ("shape", "strides"):
-            value: Any = getattr(self, field)
+            value: object = getattr(self, field)
             if isinstance(value, list):
                 object.__setattr__(self, field, tuple(value))
         _core.invocation_key(self)

@@ -91,4 +91,4 @@ def twoshot_push(choice: bool | None, env: Mapping[str, str] | None = None) -> b
 
 def fail_setup_rank(env: Mapping[str, str] | None = None) -> int | None:
     """The rank the set-up test hook fails, if ``B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK`` is set."""
-    return _core.allreduce_fail_setup_rank(env)
+    return _core._allreduce_fail_setup_rank(env)

@@ -148,9 +148,8 @@ fn in_range(operand: &'static str, v: i64, lo: u32, hi: u32) -> Result<u32> {
     }
 }
 
-/// Highest CUDA ordinal a plan may name: torch's device index is an int8
-/// (`torch.device("cuda:300")` silently becomes cuda:44).
-pub const MAX_CUDA_ORDINAL: u32 = i8::MAX as u32;
+/// Highest CUDA ordinal a plan may name (its home is [`crate::tensor`]).
+pub use crate::tensor::MAX_CUDA_ORDINAL;
 
 /// A caller's CUDA ordinal, checked before anything is built from it:
 /// 0 ..= [`MAX_CUDA_ORDINAL`].

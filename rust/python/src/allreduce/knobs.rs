@@ -190,7 +190,8 @@ fn allreduce_twoshot_push(
 }
 
 /// The rank the set-up test hook fails (``B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK``), if set.
-#[pyfunction]
+/// Private: a test hook, read through `b12x.comm.pcie.knobs.fail_setup_rank`.
+#[pyfunction(name = "_allreduce_fail_setup_rank")]
 #[pyo3(signature = (env=None))]
 fn allreduce_fail_setup_rank(
     py: Python<'_>,

@@ -1,0 +1,82 @@
+"""The GPU-timing helper's bookkeeping (b12x.bench.common.gpu_time_us), with a
+fake clock in place of CUDA events: which calls are timed, how samples are
+divided, when it waits. No real time is measured."""
+
+from __future__ import annotations
+
+from b12x.bench.common import gpu_time_us
+
+
+class FakeGpu:
+    """A stream whose clock advances only when work is enqueued on it."""
+
+    def __init__(self) -> None:
+        self.now_ms = 0.0
+        self.log: list[str] = []
+
+    def run(self, ms: float, what: str) -> None:
+        self.now_ms += ms
+        self.log.append(what)
+
+    def event(self) -> FakeEvent:
+        return FakeEvent(self)
+
+    def synchronize(self) -> None:
+        self.log.append("sync")
+
+
+class FakeEvent:
+    def __init__(self, gpu: FakeGpu) -> None:
+        self.gpu = gpu
+        self.at_ms: float | None = None
+
+    def record(self) -> None:
+        self.at_ms = self.gpu.now_ms
+        self.gpu.log.append("record")
+
+    def synchronize(self) -> None:
+        self.gpu.log.append("wait")
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at_ms is not None and end.at_ms is not None, "read before recorded"
+        return end.at_ms - self.at_ms
+
+
+def time_with(gpu: FakeGpu, step, samples: int, **kw) -> list[float]:
+    return gpu_time_us(step, samples, event=gpu.event, synchronize=gpu.synchronize, **kw)
+
+
+def test_each_sample_is_the_time_between_its_events_per_operation():
+    gpu = FakeGpu()
+    durations = iter([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])  # ms, one per step call
+    got = time_with(gpu, lambda: gpu.run(next(durations), "step"), 3, repeat=2, per_step=5)
+    # sample i covers steps 2i and 2i+1; ms -> us, divided by repeat * per_step
+    assert got == [(1 + 2) * 1e3 / 10, (3 + 4) * 1e3 / 10, (5 + 6) * 1e3 / 10]
+
+
+def test_warmup_and_flush_are_outside_the_timed_region():
+    gpu = FakeGpu()
+    got = time_with(
+        gpu,
+        lambda: gpu.run(2.0, "step"),
+        2,
+        warmup=3,
+        flush=lambda: gpu.run(100.0, "flush"),
+    )
+    assert got == [2000.0, 2000.0]
+    assert gpu.log == ["step"] * 3 + ["sync"] + ["flush", "record", "step", "record"] * 2 + ["sync"]
+
+
+def test_back_to_back_samples_wait_once_and_sync_each_waits_per_sample():
+    gpu = FakeGpu()
+    time_with(gpu, lambda: gpu.run(1.0, "step"), 4)
+    assert gpu.log.count("sync") == 1 and "wait" not in gpu.log
+    gpu = FakeGpu()
+    time_with(gpu, lambda: gpu.run(1.0, "step"), 4, sync_each=True)
+    assert gpu.log == ["record", "step", "record", "wait"] * 4 + ["sync"]
+
+
+def test_no_warmup_means_no_leading_wait():
+    gpu = FakeGpu()
+    assert time_with(gpu, lambda: gpu.run(0.5, "step"), 1) == [500.0]
+    assert gpu.log == ["record", "step", "record", "sync"]
