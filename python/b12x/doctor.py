@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from typing import Any
 
 from b12x import _core
 from b12x.errors import B12xError
@@ -17,13 +18,17 @@ def _indexer_flavors(ordinal: int) -> dict[str, str]:
     """The indexer scorers' MMA flavor per precision, as the plans resolve it."""
     from b12x.attention import dsa_indexer as di
 
-    caps = dict(device=ordinal, num_q_heads=64, max_q_rows=1, max_page_table_width=1, topk=512)
-    return {p: di.plan(di.Caps(**caps, precision=p)).mma_flavor for p in ("exact", "fast")}
+    def flavor(precision: str) -> str:
+        caps = di.Caps(device=ordinal, num_q_heads=64, max_q_rows=1, max_page_table_width=1,
+                       topk=512, precision=precision)  # fmt: skip
+        return str(di.plan(caps).mma_flavor)
+
+    return {p: flavor(p) for p in ("exact", "fast")}
 
 
-def report() -> dict:
+def report() -> dict[str, Any]:
     """Everything doctor prints, as a dict (also used by benchmark metadata)."""
-    info: dict = {"b12x": _core.__version__, "python": platform.python_version()}
+    info: dict[str, Any] = {"b12x": _core.__version__, "python": platform.python_version()}
     info["build"] = _core.build_info()
     try:
         import torch
@@ -68,7 +73,7 @@ def report() -> dict:
     return info
 
 
-def _vllm_plugin() -> dict:
+def _vllm_plugin() -> dict[str, Any]:
     from b12x.integration.vllm import plugin
 
     try:  # reads metadata and the switch; never imports vLLM

@@ -11,23 +11,29 @@ forced, and `torch`, what a user would write:
 gather the pages, a bf16 GEMM per head, relu * weight, sum over heads, times
 the per-token scale, mask, `torch.topk`. The table adds the HBM floor (K
 cache, Q and outputs at 4.3 TB/s) and the FP8 floor (2 * rows * heads * 128 *
-live tokens at 1.3 PFLOP/s, the measured `mma.sync` peak).
+live tokens at 1979 TFLOP/s, Hopper's dense FP8 wgmma peak from the datasheet).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from b12x._cli_args import positive_int
 from b12x._core import INDEXER_MMA_FLAVORS
 from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
 from b12x._core import INDEXER_PAGE_SIZE as PAGE
-from b12x.bench.common import BenchResult
+from b12x.bench.common import BenchResult, l2_flusher, time_graph_us
+
+if TYPE_CHECKING:
+    import torch
 
 HBM_BYTES_PER_S = 4.3e12
-MMA_FLOP_PER_S = 1.3e15
+MMA_FLOP_PER_S = 1.979e15  # dense FP8 wgmma, H100/H200 datasheet
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def make_inputs(case: Case, device: str = "cuda"):
+def make_inputs(case: Case, device: str = "cuda") -> tuple[torch.Tensor, ...]:
     import torch
 
     g = torch.Generator(device=device).manual_seed(1234)
@@ -101,7 +107,15 @@ def make_inputs(case: Case, device: str = "cuda"):
     return q, w, kcache, table, lengths, aw
 
 
-def torch_indexer(q, w, kcache, table, lengths, topk, row_block: int = 256):
+def torch_indexer(
+    q: torch.Tensor,
+    w: torch.Tensor,
+    kcache: torch.Tensor,
+    table: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    row_block: int = 256,
+) -> torch.Tensor:
     """The PyTorch path: gather -> bf16 GEMM per head -> relu*w -> sum -> scale -> mask -> topk."""
     import torch
 
@@ -128,29 +142,6 @@ def torch_indexer(q, w, kcache, table, lengths, topk, row_block: int = 256):
     return torch.cat(outs)
 
 
-def time_graph_us(fn, iters: int, flush) -> list[float]:
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # warm-up outside capture (allocator, lazy init)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        flush.add_(1)
-        starts[i].record()
-        graph.replay()
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [a.elapsed_time(b) * 1e3 for a, b in zip(starts, ends, strict=True)]
-
-
 def floors_us(case: Case) -> tuple[float, float]:
     lengths = case.lengths()
     pages_read = (1 if case.prefill else case.rows) * case.width
@@ -161,7 +152,16 @@ def floors_us(case: Case) -> tuple[float, float]:
     return hbm, flop / MMA_FLOP_PER_S * 1e6
 
 
-def topk_only_arms(result, case, caps, binding, bind, args, flush, extra) -> None:
+def topk_only_arms(
+    result: BenchResult,
+    case: Case,
+    caps: Any,
+    binding: Any,
+    bind: Callable[..., Any],
+    args: argparse.Namespace,
+    flush: Callable[[], object],
+    extra: dict[str, Any],
+) -> None:
     """The top-k stage alone on the logits the b12x arm left in its scratch:
     ``topk_only:b12x`` (b12x's selection kernels, through a plan that skips
     the scorers) and ``topk_only:torch`` (``torch.topk`` over the same logits,
@@ -179,7 +179,7 @@ def topk_only_arms(result, case, caps, binding, bind, args, flush, extra) -> Non
     result.add(
         case.name,
         "topk_only:b12x",
-        time_graph_us(lambda b=stage: di.run(b), args.iters, flush),
+        time_graph_us(partial(di.run, stage), args.iters, flush=flush),
         **extra,
     )
     if args.no_torch:
@@ -189,10 +189,10 @@ def topk_only_arms(result, case, caps, binding, bind, args, flush, extra) -> Non
     lengths = torch.tensor(case.lengths(), device=logits.device)
     masked = logits.masked_fill(pos[None, :] >= lengths[:, None], -math.inf)
 
-    def torch_topk(masked=masked, k=case.topk):
+    def torch_topk(masked: torch.Tensor = masked, k: int = case.topk) -> None:
         torch.topk(masked, k, dim=1)
 
-    samples = time_graph_us(torch_topk, args.torch_iters, flush)
+    samples = time_graph_us(torch_topk, args.torch_iters, flush=flush)
     result.add(case.name, "topk_only:torch", samples, **extra)
 
 
@@ -208,26 +208,31 @@ def run(args: argparse.Namespace) -> BenchResult:
         result.ok = False
         return result
     dev = torch.cuda.current_device()
-    l2 = int(_core.device_info(dev)["l2_bytes"])
-    flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    flush = l2_flusher(dev)
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
-        caps_args = dict(
-            device=f"cuda:{dev}",
-            num_q_heads=case.heads,
-            max_q_rows=case.rows,
-            max_page_table_width=case.width,
-            topk=case.topk,
-            mode="prefill" if case.prefill else "decode",
-        )
-        caps = di.Caps(**caps_args)
+
+        def caps_of(precision: str = "exact", case: Case = case) -> Any:
+            return di.Caps(
+                device=f"cuda:{dev}",
+                num_q_heads=case.heads,
+                max_q_rows=case.rows,
+                max_page_table_width=case.width,
+                topk=case.topk,
+                mode="prefill" if case.prefill else "decode",
+                precision=precision,
+            )
+
+        caps = caps_of()
         plan = di.plan(caps)
         idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
         sc = torch.empty((case.rows, case.topk), device="cuda")
 
-        def bind(plan, scratch=None, idx=idx, sc=sc, q=q, w=w, kcache=kcache, table=table,
-                 lengths=lengths, aw=aw):  # fmt: skip
+        def bind(plan: Any, scratch: torch.Tensor | None = None, idx: torch.Tensor = idx,
+                 sc: torch.Tensor = sc, q: torch.Tensor = q, w: torch.Tensor = w,
+                 kcache: torch.Tensor = kcache, table: torch.Tensor = table,
+                 lengths: torch.Tensor = lengths, aw: torch.Tensor = aw) -> Any:  # fmt: skip
             if scratch is None:
                 scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
             return di.bind(
@@ -253,31 +258,33 @@ def run(args: argparse.Namespace) -> BenchResult:
             "mma_flavor": plan.mma_flavor,
         }
         b = result.add(
-            name, "b12x", time_graph_us(lambda b=binding: di.run(b), args.iters, flush), **extra
+            name, "b12x", time_graph_us(partial(di.run, binding), args.iters, flush=flush), **extra
         )
         topk_only_arms(result, case, caps, binding, bind, args, flush, extra)
-        fast = bind(di.plan(di.Caps(**caps_args, precision="fast")))
+        fast = bind(di.plan(caps_of("fast")))
         result.add(
             name,
             "b12x_fast",
-            time_graph_us(lambda b=fast: di.run(b), args.iters, flush),
+            time_graph_us(partial(di.run, fast), args.iters, flush=flush),
             **{**extra, "mma_flavor": fast.plan.mma_flavor, "precision": "fast"},
         )
         del fast
         for flavor in args.flavor_arms:
             forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))
-            samples = time_graph_us(lambda b=forced: di.run(b), args.iters, flush)
+            samples = time_graph_us(partial(di.run, forced), args.iters, flush=flush)
             result.add(name, f"b12x_{flavor}", samples, **{**extra, "mma_flavor": flavor})
             del forced
         if not args.no_torch:
-            ref = {}
+            ref: dict[str, torch.Tensor] = {}
 
-            def torch_call(q=q, w=w, kcache=kcache, table=table, lengths=lengths, ref=ref,
-                           topk=case.topk):  # fmt: skip
+            def torch_call(q: torch.Tensor = q, w: torch.Tensor = w,
+                           kcache: torch.Tensor = kcache, table: torch.Tensor = table,
+                           lengths: torch.Tensor = lengths, ref: dict[str, torch.Tensor] = ref,
+                           topk: int = case.topk) -> None:  # fmt: skip
                 ref["idx"] = torch_indexer(q, w, kcache, table, lengths, topk)
 
             t = result.add(
-                name, "torch", time_graph_us(torch_call, args.torch_iters, flush), **extra
+                name, "torch", time_graph_us(torch_call, args.torch_iters, flush=flush), **extra
             )
             # agreement of the two arms (bf16 GEMM in the torch arm: near-ties may differ)
             overlap = min(
