@@ -169,23 +169,21 @@ def check(device: Any) -> None:
     ``index_k_cache.shape[0]``, and clears the record. A CUDA device must have
     a plan (its kernels loaded). Not for hot paths or graph captures.
     """
-    import torch
-
+    from b12x import cuda
     from b12x.errors import DeviceError
 
+    if device == "cpu" or getattr(device, "type", None) == "cpu":
+        _core.indexer_check(None)
+        return
     try:
-        dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    except (RuntimeError, TypeError) as e:
+        if device is None:
+            raise DeviceError("no device")
+        index = cuda.device_index(device, op="check")
+    except DeviceError:
         raise DeviceError(
             f"check: device expected 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}"
-        ) from e
-    if dev.type == "cpu":
-        _core.indexer_check(None)
-    elif dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        _core.indexer_check(index)
-    else:
-        raise DeviceError(f"check: device expected a cpu or cuda device, got {dev}")
+        ) from None
+    _core.indexer_check(index)
 
 
 def clear_caches() -> None:

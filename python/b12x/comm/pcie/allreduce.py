@@ -54,6 +54,7 @@ from b12x.comm.pcie.knobs import (
     Limits,
     parse_byte_size,
 )
+from b12x.cuda import device_index
 from b12x.errors import B12xError, ConfigError, DeviceError, UndeclaredPlanError
 
 __all__ = [
@@ -147,29 +148,10 @@ def prepare_declarations(
 
 
 def cuda_device(device: DeviceLike | None) -> torch.device:
-    """The CUDA device of ``device``: a torch.device, ``"cuda[:N]"`` or an
-    ordinal; None or a bare ``"cuda"`` mean torch's current device (cuda:0
-    without CUDA, so the set-up can decline). A malformed device is a
-    :class:`b12x.errors.DeviceError` naming it."""
-    index: int | None = -1  # -1: not a CUDA device
-    if device is None:
-        index = None
-    elif isinstance(device, int) and not isinstance(device, bool):
-        index = device
-    elif isinstance(device, str):
-        name = _core.parse_device_name(device.strip())
-        if name is not None and name[0] == "cuda":
-            index = name[1]
-    elif isinstance(device, torch.device) and device.type == "cuda":
-        index = device.index
-    if index is not None and not 0 <= index <= _core.MAX_CUDA_ORDINAL:
-        raise DeviceError(
-            "AllReduce: device expected a CUDA device (a torch.device, 'cuda', 'cuda:N' or "
-            f"an ordinal N in 0..={_core.MAX_CUDA_ORDINAL}), got {device!r}"
-        )
-    if index is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
-    return torch.device("cuda", index)
+    """The CUDA device of ``device`` (:func:`b12x.cuda.device_index`'s grammar;
+    None or a bare ``"cuda"``: torch's current device, cuda:0 without CUDA so
+    the set-up can decline); a malformed one is a DeviceError naming AllReduce."""
+    return torch.device("cuda", device_index(device, op="AllReduce"))
 
 
 class _Settings(NamedTuple):
