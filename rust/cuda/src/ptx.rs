@@ -36,11 +36,15 @@ impl Target {
 
     pub fn runs_on(self, cc: (u32, u32)) -> bool {
         match self {
-            Target::Baseline => cc >= (8, 9),
+            Target::Baseline => cc >= BASELINE_MIN_COMPUTE_CAPABILITY,
             Target::Sm90a => cc == (9, 0),
         }
     }
 }
+
+/// The oldest GPU the baseline (`compute_89`) modules run on: FP8 `mma.sync`
+/// needs sm_89. The one statement of it; Python reads it from `_core`.
+pub const BASELINE_MIN_COMPUTE_CAPABILITY: (u32, u32) = (8, 9);
 
 pub struct PtxModule {
     pub name: &'static str,

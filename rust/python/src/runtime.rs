@@ -83,5 +83,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(can_access_peer, m)?)?;
     m.add_function(wrap_pyfunction!(load_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels_loaded, m)?)?;
+    m.add("MIN_COMPUTE_CAPABILITY", b12x_cuda::ptx::BASELINE_MIN_COMPUTE_CAPABILITY)?;
     Ok(())
 }

@@ -157,7 +157,7 @@ def is_supported(device: Any = None) -> bool:
         major, minor = _core.device_info(ordinal)["compute_capability"]
     except Exception:
         return False
-    return (major, minor) >= (8, 9)
+    return (major, minor) >= _core.MIN_COMPUTE_CAPABILITY
 
 
 def check(device: Any) -> None:

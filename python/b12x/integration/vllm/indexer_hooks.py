@@ -57,9 +57,12 @@ def _device_reason() -> str | None:
         return f"vLLM is not importable ({e})"
     if not current_platform.is_cuda():
         return f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
+    from b12x import _core
+
     capability = current_platform.get_device_capability()
-    if capability is None or capability.to_int() < 89:
-        return f"GPU compute capability {capability} is below 8.9 (FP8 MMA)"
+    least = _core.MIN_COMPUTE_CAPABILITY
+    if capability is None or tuple(capability) < least:
+        return f"GPU compute capability {capability} is below {least} (FP8 MMA)"
     return None
 
 
