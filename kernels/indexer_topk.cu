@@ -64,6 +64,8 @@ struct TopkParams {
     u32 pages;      // pages of the K cache, min(shape[0], 2^31)
     u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
     u32 hit_cap;    // positions the staged path may list at or above its threshold
+    u32 staged_variant;  // STAGED_V21 / STAGED_V1 / STAGED_V1W / STAGED_V1H: how the stage is counted
+    u32 pad_;
 };
 
 // ---------------------------------------------------------------- keys
@@ -697,11 +699,38 @@ __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1
 // every staged key instead. What the staged path cannot decide exactly --
 // fewer than k numbers, +inf or a positive NaN present, a stage too small --
 // goes to the general paths above, out of line (same results, slower).
+//
+// How the stage is counted is chosen per launch (TopkParams.staged_variant;
+// the launcher's default is TOPK_STAGED_VARIANT in rust/cuda/src/indexer.rs):
+//   STAGED_V21  the sample above, then the list scan (the shipped path);
+//   STAGED_V1   every staged key counted during the read, b0 found from that
+//               histogram, one list scan at or above b0 (no sample, no second
+//               count; plain shared atomics);
+//   STAGED_V1W  STAGED_V1 with warp-aggregated increments (__match_any_sync per
+//               bin, the leader adds the count): roughly normal logits put
+//               their top 12 key bits in a few dozen bins, where plain
+//               atomics of one warp serialize on the same address;
+//   STAGED_V1H  STAGED_V1 on half bins: the top 12 bits of the key of the value
+//               rounded to fp16 (64 bins per octave instead of 8, monotone in
+//               the key), so a warp's increments rarely share a bin and b0
+//               holds ~8x fewer keys, ranked directly when few.
+// The list, the refinement of b0 and the output are the same code for all.
 
 #define STAGED_BINS 4096u
 #define STAGED_HIT_MAX 8192u
 #define STAGED_FIRST_NUMBER_BIN 8u       // bins below: negative NaNs, non-candidates
 #define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
+// Half bins: 0 for non-numbers, -inf in 0x3f, 0xfc0 and up +inf, values past
+// fp16's range (+-65520 and beyond) and positive NaNs.
+#define STAGED_HALF_FIRST_NUMBER_BIN 1u
+#define STAGED_HALF_FIRST_SPECIAL_BIN 0xfc0u
+#define STAGED_RANK_MAX 128u  // half bins: b0 ranked directly up to this many keys
+
+// TopkParams.staged_variant (mirrored by TopkVariant in rust/cuda/src/indexer.rs)
+#define STAGED_V21 0u
+#define STAGED_V1 1u
+#define STAGED_V1W 2u
+#define STAGED_V1H 3u
 
 // Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
 // share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
@@ -716,6 +745,58 @@ __device__ __forceinline__ u32 staged_prefix(u32 bits) { return staged_key(bits)
 
 __device__ __forceinline__ u64 staged_key64(u32 bits, u32 idx) {
     return ((u64)staged_key(bits) << 32) | (u64)(~idx);
+}
+
+#define STAGED_KEY_NEG_INF 0x00800000u
+#define STAGED_KEY_POS_INF 0xff800000u
+
+// The bits of the number whose key is k (k in [key(-inf), key(+inf)]; +0 for 0x80000000).
+__device__ __forceinline__ u32 staged_bits_of_key(u32 k) {
+    return k >= 0x80000000u ? k ^ 0x80000000u : 0u - k;
+}
+
+// 16-bit code of raw bits whose top 12 bits are the histogram bin: the key's
+// top 16 bits (float bins), or the key of the value rounded to fp16 (half
+// bins: -0 as +0, non-numbers 0, positive NaNs 0xffff). Both are monotone in
+// the key, so a bin's keys lie between its neighbours'.
+template <bool kHalf>
+__device__ __forceinline__ u32 staged_code16(u32 bits) {
+    if (!kHalf) return staged_prefix(bits);
+    const u32 k = staged_key(bits);
+    const u32 z = (bits << 1) == 0u ? 0u : bits;
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(__uint_as_float(z)));
+    const u32 hk = (u32)h ^ (((u32)h & 0x8000u) ? 0xffffu : 0x8000u);
+    return k < STAGED_KEY_NEG_INF ? 0u : (k > STAGED_KEY_POS_INF ? 0xffffu : hk);
+}
+
+template <bool kHalf>
+__device__ __forceinline__ u32 staged_bin(u32 bits) {
+    return staged_code16<kHalf>(bits) >> 4;
+}
+
+// The lowest key whose bin is b or above (b a number's bin below the special
+// ones), searched by each warp (32 probes a round, seven rounds): the bins
+// are monotone in the key.
+template <bool kHalf>
+__device__ __forceinline__ u32 staged_bin_floor_key(u32 b) {
+    if (!kHalf) return b << 20;
+    const u32 lane = threadIdx.x & 31;
+    u32 lo = STAGED_KEY_NEG_INF, hi = STAGED_KEY_POS_INF;  // bin(hi) >= b
+    while (lo < hi) {
+        const u32 step = (hi - lo) / 32u + 1u;
+        const u32 probe = (u32)min((u64)lo + (u64)lane * step, (u64)hi);
+        const u32 ok = __ballot_sync(0xffffffffu, staged_bin<true>(staged_bits_of_key(probe)) >= b);
+        if (ok & 1u) {
+            hi = lo;
+        } else {
+            const u32 f = ok != 0 ? (u32)__ffs((int)ok) - 1 : 32u;
+            const u32 below = (u32)min((u64)lo + (u64)(f - 1) * step, (u64)hi);
+            lo = below + 1u;
+            if (f < 32u) hi = (u32)min((u64)lo - 1u + step, (u64)hi);
+        }
+    }
+    return lo;
 }
 
 struct StagedSmem {
@@ -877,9 +958,30 @@ struct StagedMerge {
     }
 };
 
-// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, prefix 0)
-// and count the sample. U float4 groups per thread in flight.
-template <int U, bool kRaw, class Src>
+// How staged_load counts: the v2.1 sample, every key, every key with
+// warp-aggregated increments.
+enum StagedCount { kCountSample, kCountAll, kCountWarp };
+
+// Adds one key to its bin when ok; every lane of the warp calls it together.
+template <int kCount>
+__device__ __forceinline__ void staged_hist_add(StagedSmem& sm, bool ok, u32 bin) {
+    if (kCount == kCountWarp) {
+        const u32 active = __ballot_sync(0xffffffffu, ok);
+        if (ok) {
+            const u32 peers = __match_any_sync(active, bin);
+            if ((threadIdx.x & 31) == (u32)__ffs((int)peers) - 1)
+                atomicAdd(&sm.hist[bin], (u32)__popc(peers));
+        }
+    } else if (ok) {
+        atomicAdd(&sm.hist[bin], 1u);
+    }
+}
+
+// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, code 0)
+// and count them into the histogram (the v2.1 sample, or every key outside
+// bin 0, which holds no number). U float4 groups per thread in flight. The
+// loops' trip counts are the same for every lane (warp collectives in the count).
+template <int U, bool kRaw, int kCount, bool kHalf, class Src>
 __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
     const u32 t = threadIdx.x;
@@ -893,13 +995,20 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
     u32* st32 = static_cast<u32*>(l.stage);
     u16* st16 = static_cast<u16*>(l.stage);
     const u32 nh = src.n_head(), hp = src.head_pad();
-    for (u32 i = t; i < hp; i += TOPK_THREADS) {
+    for (u32 base = 0; base < hp; base += TOPK_THREADS) {
+        const u32 i = base + t;
         const u32 bits = i < nh ? __float_as_uint(src.head(i)) : IDX_NOT_CANDIDATE_BITS;
-        if (kRaw)
-            st32[i] = bits;
+        const u32 code = staged_code16<kHalf>(bits);
+        if (i < hp) {
+            if (kRaw)
+                st32[i] = bits;
+            else
+                st16[i] = (u16)code;
+        }
+        if (kCount == kCountSample)
+            staged_hist_add<kCount>(sm, i < nh && (i & 7u) == 0, code >> 4);
         else
-            st16[i] = (u16)staged_prefix(bits);
-        if (i < nh && (i & 7u) == 0) atomicAdd(&sm.hist[staged_prefix(bits) >> 4], 1u);
+            staged_hist_add<kCount>(sm, (code >> 4) != 0, code >> 4);
     }
     const u32 ng = src.n_groups();
     for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
@@ -912,25 +1021,39 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 g = base + u * TOPK_THREADS + t;
-            if (g >= ng) continue;
-            u32 b[4] = {__float_as_uint(v[u].x), __float_as_uint(v[u].y),
-                        __float_as_uint(v[u].z), __float_as_uint(v[u].w)};
-            if (!src.valid(4 * g + 3)) {  // a group's live slots are a prefix of it
+            const bool in = g < ng;
+            u32 b[4] = {IDX_NOT_CANDIDATE_BITS, IDX_NOT_CANDIDATE_BITS, IDX_NOT_CANDIDATE_BITS,
+                        IDX_NOT_CANDIDATE_BITS};
+            if (in) {
+                b[0] = __float_as_uint(v[u].x);
+                b[1] = __float_as_uint(v[u].y);
+                b[2] = __float_as_uint(v[u].z);
+                b[3] = __float_as_uint(v[u].w);
+                if (!src.valid(4 * g + 3)) {  // a group's live slots are a prefix of it
 #pragma unroll
-                for (int j = 0; j < 3; ++j)
-                    if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
-                b[3] = IDX_NOT_CANDIDATE_BITS;
+                    for (int j = 0; j < 3; ++j)
+                        if (!src.valid(4 * g + j)) b[j] = IDX_NOT_CANDIDATE_BITS;
+                    b[3] = IDX_NOT_CANDIDATE_BITS;
+                }
             }
-            if (kRaw) {
-                reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
+            u32 c[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) c[j] = staged_code16<kHalf>(b[j]);
+            if (in) {
+                if (kRaw)
+                    reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
+                else
+                    reinterpret_cast<uint2*>(st16 + hp)[g] =
+                        make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
+            }
+            if (kCount == kCountSample) {
+                if (in && (g & 1u) == 0) {  // the sample: lane (g / 2) % 4 of every other group
+                    const u32 s = pick4(b, (int)((g >> 1) & 3u));
+                    if (s != IDX_NOT_CANDIDATE_BITS) atomicAdd(&sm.hist[staged_prefix(s) >> 4], 1u);
+                }
             } else {
-                reinterpret_cast<uint2*>(st16 + hp)[g] =
-                    make_uint2(staged_prefix(b[0]) | (staged_prefix(b[1]) << 16),
-                               staged_prefix(b[2]) | (staged_prefix(b[3]) << 16));
-            }
-            if ((g & 1u) == 0) {  // the sample: lane (g / 2) % 4 of every other group
-                const u32 s = pick4(b, (int)((g >> 1) & 3u));
-                if (s != IDX_NOT_CANDIDATE_BITS) atomicAdd(&sm.hist[staged_prefix(s) >> 4], 1u);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) staged_hist_add<kCount>(sm, (c[j] >> 4) != 0, c[j] >> 4);
             }
         }
     }
@@ -939,13 +1062,13 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
 
 // Lists the staged positions whose key is in bin `bin` or above (raw stage: a
 // float compare against the bin's lowest value, so NaNs never list; prefix
-// stage: the 16-bit prefix). The list stops at hit_cap; n_hits keeps counting.
-template <bool kRaw>
+// stage: the 16-bit code). The list stops at hit_cap; n_hits keeps counting.
+template <bool kRaw, bool kHalf>
 __device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32 bin) {
     StagedSmem& sm = *l.sm;
     const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
-    const u32 kt = bin << 20;  // bin >= STAGED_FIRST_NUMBER_BIN: a number's key
-    const float tf = __uint_as_float(kt >= 0x80000000u ? kt ^ 0x80000000u : 0u - kt);
+    // bin is a number's (>= the first number bin): tf is a number
+    const float tf = __uint_as_float(staged_bits_of_key(staged_bin_floor_key<kHalf>(bin)));
     const u32 pt = bin << 4;
     const u32 nq = npos / 4;
     for (u32 base = 0; base < nq; base += TOPK_THREADS) {
@@ -1030,10 +1153,12 @@ __device__ __forceinline__ void staged_count_all(const StagedLayout& l, u32 npos
 
 // Sets sm.special when a bin at or above +inf's is counted; the next barrier
 // publishes it (call right before find_bin).
+template <bool kHalf>
 __device__ __forceinline__ void staged_flag_special(StagedSmem& sm) {
+    const u32 first = kHalf ? STAGED_HALF_FIRST_SPECIAL_BIN : STAGED_FIRST_SPECIAL_BIN;
     if (threadIdx.x < 32) {
-        const bool s = threadIdx.x < STAGED_BINS - STAGED_FIRST_SPECIAL_BIN &&
-                       sm.hist[STAGED_FIRST_SPECIAL_BIN + threadIdx.x] != 0;
+        bool s = false;
+        for (u32 b = first + threadIdx.x; b < STAGED_BINS; b += 32) s |= sm.hist[b] != 0;
         const u32 any = __ballot_sync(0xffffffffu, s);
         if (threadIdx.x == 0) sm.special = any;
     }
@@ -1045,9 +1170,24 @@ __device__ __forceinline__ void staged_clear(StagedSmem& sm) {
     __syncthreads();
 }
 
-// Threshold bin b0 of the k-th key (sm.res_*) and the list of positions at or
-// above it (possibly also some below b0); false when the staged path cannot
-// decide.
+// Every staged key counted: the bin b0 of the k-th key (sm.res_*) and the
+// list of positions at or above it; false when the staged path cannot decide.
+template <bool kRaw, bool kHalf>
+__device__ __forceinline__ bool staged_threshold_counted(const StagedLayout& l, u32 npos, u32 k) {
+    StagedSmem& sm = *l.sm;
+    staged_flag_special<kHalf>(sm);
+    find_bin(sm, STAGED_BINS, k);
+    const u32 first = kHalf ? STAGED_HALF_FIRST_NUMBER_BIN : STAGED_FIRST_NUMBER_BIN;
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < first ||
+        sm.res_above + sm.res_cnt > l.hit_cap)
+        return false;
+    staged_list<kRaw, kHalf>(l, npos, sm.res_bin);
+    return true;
+}
+
+// STAGED_V21: threshold bin b0 of the k-th key (sm.res_*) and the list of
+// positions at or above it (possibly also some below b0) from the sample;
+// false when the staged path cannot decide.
 template <bool kRaw>
 __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos, u32 k) {
     StagedSmem& sm = *l.sm;
@@ -1059,10 +1199,10 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     __syncthreads();  // every thread has read res_* before they change
     if (guess) {
         staged_clear(sm);
-        staged_list<kRaw>(l, npos, bs);
+        staged_list<kRaw, false>(l, npos, bs);
         const bool complete = sm.n_hits <= l.hit_cap;
         if (complete) staged_count_hits<kRaw>(l);
-        staged_flag_special(sm);
+        staged_flag_special<false>(sm);
         find_bin(sm, STAGED_BINS, k);
         if (complete && sm.special == 0 && sm.res_total >= k) return true;
         __syncthreads();
@@ -1070,51 +1210,54 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     // The sample missed: count every staged key, then list the bins >= b0.
     staged_clear(sm);
     staged_count_all<kRaw>(l, npos);
-    staged_flag_special(sm);
-    find_bin(sm, STAGED_BINS, k);
-    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
-        sm.res_above + sm.res_cnt > l.hit_cap)
-        return false;
-    staged_list<kRaw>(l, npos, sm.res_bin);
-    return true;
+    return staged_threshold_counted<kRaw, false>(l, npos, k);
 }
 
-// The k best of src to dest slots [0, k) when the staged path decides them;
-// otherwise the general path kPath over gsrc (the same candidates read from
-// global memory), which also covers k >= candidates and padding to pad_to.
-template <int U, bool kRaw, int kPath, class Src, class GSrc>
-__device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_to,
-                              const DestSink& dest, const TopkParams& p, u8* dsm) {
-    const StagedLayout l = staged_layout<kRaw>(dsm, p);
+// Stages src and finds b0 and its list as staged_variant says: 0 when the
+// staged path cannot decide, else 1 (float bins) or 2 (half bins).
+template <int U, bool kRaw, class Src>
+__device__ __forceinline__ int staged_decide(const Src& src, const StagedLayout& l, u32 npos,
+                                             u32 k, u32 variant) {
+    if (variant == STAGED_V1) {
+        staged_load<U, kRaw, kCountAll, false>(src, l);
+        return staged_threshold_counted<kRaw, false>(l, npos, k) ? 1 : 0;
+    }
+    if (variant == STAGED_V1W) {
+        staged_load<U, kRaw, kCountWarp, false>(src, l);
+        return staged_threshold_counted<kRaw, false>(l, npos, k) ? 1 : 0;
+    }
+    if (variant == STAGED_V1H) {
+        staged_load<U, kRaw, kCountAll, true>(src, l);
+        return staged_threshold_counted<kRaw, true>(l, npos, k) ? 2 : 0;
+    }
+    staged_load<U, kRaw, kCountSample, false>(src, l);  // STAGED_V21 (and unknown values)
+    return staged_threshold<kRaw>(l, npos, k) ? 1 : 0;
+}
+
+// The k best from the list (sm.res_* describe b0): one round over it sends the
+// keys above b0 out and b0's keys to the buffer; b0's keys are refined on the
+// 64-bit key (value key << 32 | ~index) with the radix path's digits (float
+// bins: below the first; half bins: from the top, or ranked directly when
+// few), and the selected ones go out.
+template <bool kRaw, bool kHalf, class Src>
+__device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestSink& dest,
+                                              const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
-    const u32 npos = src.head_pad() + 4 * src.n_groups();
-    bool staged = npos <= p.stage_cap;
-    if (staged) {
-        staged_load<U, kRaw>(src, l);
-        staged = staged_threshold<kRaw>(l, npos, k);
-    }
-    if (!staged) {
-        __syncthreads();  // every thread is done with the staged state the general path overlays
-        select_general<kPath>(gsrc, k, pad_to, dest);
-        return;
-    }
     const u32 b0 = sm.res_bin;
     u32 need = k - sm.res_above;
-    // One round over the list: keys above b0 go out, b0's keys to the buffer.
     const u32 nhits = min(sm.n_hits, l.hit_cap);
-    const u32 lo = b0 << 4, hi = (b0 + 1) << 4;
     for (u32 base = 0; base < nhits; base += TOPK_THREADS) {
         const u32 j = base + threadIdx.x;
         const bool in = j < nhits;
-        u32 bits = 0, idx = 0, pre = 0;
+        u32 bits = 0, idx = 0, bin = 0;
         if (in) {
             const u32 pos = l.hits[j];
             bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
             idx = src.index_at(pos);
-            pre = staged_prefix(bits);
+            bin = staged_bin<kHalf>(bits);
         }
-        const bool above = in && pre >= hi;
-        const bool cand = in && pre >= lo && !above;
+        const bool above = in && bin > b0;
+        const bool cand = in && bin == b0;
         const u32 ma = __ballot_sync(0xffffffffu, above);
         if (ma != 0) {
             const u32 slot = warp_reserve(above, ma, &sm.out_n);
@@ -1130,20 +1273,22 @@ __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_t
         }
     }
     __syncthreads();
-    // Refine b0 on the 64-bit key, digits below the first (as select_topk_radix).
     const u32 m = sm.n_cand;
-    u64 prefix = b0;
-    u32 shift = 52;
-    if (m != need) {
-        for (int lvl = 1; lvl < 6; ++lvl) {
+    // Selected: key >> shift >= prefix (shift 64: every key of b0).
+    u64 prefix = kHalf ? 0u : b0;
+    u32 shift = kHalf ? 64u : 52u;
+    const bool rank = kHalf && m != need && m <= STAGED_RANK_MAX;
+    if (m != need && !rank) {
+        for (int lvl = kHalf ? 0 : 1; lvl < 6; ++lvl) {
             const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
             shift -= width;
+            const u32 above = shift + width;  // 64 at level 0: no prefix yet
             const u32 nbins = 1u << width;
             for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
             __syncthreads();
             for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
                 const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
-                if ((key >> (shift + width)) == prefix)
+                if (above >= 64u || (key >> above) == prefix)
                     atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
             }
             __syncthreads();
@@ -1157,12 +1302,42 @@ __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_t
         const u32 j = base + threadIdx.x;
         const bool in = j < m;
         const u32 bits = in ? l.cand_val[j] : 0u, idx = in ? l.cand_idx[j] : 0u;
-        const bool sel = in && (staged_key64(bits, idx) >> shift) >= prefix;
+        const u64 key = staged_key64(bits, idx);
+        bool sel;
+        if (rank) {  // (m <= STAGED_RANK_MAX: one round) the keys are unique
+            u32 beat = 0;
+            if (in)
+                for (u32 i = 0; i < m; ++i)
+                    beat += staged_key64(l.cand_val[i], l.cand_idx[i]) > key ? 1u : 0u;
+            sel = in && beat < need;
+        } else {
+            sel = in && (shift >= 64u || (key >> shift) >= prefix);
+        }
         const u32 ms = __ballot_sync(0xffffffffu, sel);
         if (ms != 0) {
             const u32 slot = warp_reserve(sel, ms, &sm.out_n);
             if (sel) dest.emit(slot, __uint_as_float(bits), idx);
         }
+    }
+}
+
+// The k best of src to dest slots [0, k) when the staged path decides them;
+// otherwise the general path kPath over gsrc (the same candidates read from
+// global memory), which also covers k >= candidates and padding to pad_to.
+template <int U, bool kRaw, int kPath, class Src, class GSrc>
+__device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_to,
+                              const DestSink& dest, const TopkParams& p, u8* dsm) {
+    const StagedLayout l = staged_layout<kRaw>(dsm, p);
+    const u32 npos = src.head_pad() + 4 * src.n_groups();
+    const int bins = npos <= p.stage_cap ? staged_decide<U, kRaw>(src, l, npos, k, p.staged_variant)
+                                         : 0;
+    if (bins == 0) {
+        __syncthreads();  // every thread is done with the staged state the general path overlays
+        select_general<kPath>(gsrc, k, pad_to, dest);
+    } else if (bins == 2) {
+        staged_finish<kRaw, true>(src, k, dest, l);
+    } else {
+        staged_finish<kRaw, false>(src, k, dest, l);
     }
 }
 

@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
 """Standalone harness for the indexer's top-k stage (kernels/indexer_topk.cu).
 
-    python tools/gpu/topk_bench.py build DIR   # here: PTX of the kernels into DIR
+    python tools/gpu/topk_bench.py build DIR --old OLD.cu --ptxas PTXAS  # here
     python3 topk_bench.py run DIR --out OUT        # on the GPU: checks, then timings
+    python3 topk_bench.py summary OUT              # the table of OUT's JSON files
 
 `build` compiles, with the pinned NVRTC of kernels/build_ptx.py, the product
 kernels plus the experiment variants of tools/gpu/topk_variants.cu
 (`topk_new.ptx`) and, when given `--old FILE`, an earlier indexer_topk.cu
 (`topk_old.ptx`, launched with its own parameter block) for a same-run
-comparison.
+comparison; with `--ptxas`, each PTX also as an sm_90 cubin (no JIT on the host).
 
 `run` loads the PTX through the driver (ctypes, torch's primary context) and
 launches on torch's current stream exactly as rust/cuda/src/indexer.rs does
@@ -17,7 +18,8 @@ checks every kernel against an exact reference (the unique order: value key
 descending, ties to the lowest position, NaN below -inf, -0 == +0,
 IDX_NOT_CANDIDATE_BITS never selected) on adversarial cases: several chunks
 with a carry, lengths around topk, ties, all-equal rows, +-0, NaN, +-inf,
-unmapped positions, physical output and scores. Then it times the three
+unmapped positions, physical output and scores; every staged variant
+(TopkParams.staged_variant: v21, v1, v1w, v1h) on both stage kinds. Then it times the three
 `b12x bench indexer` cases on logits scored the same way (FP8 cache and
 queries from `make_inputs`, fp32 products and sums), each arm captured in a
 CUDA graph and replayed with a 2x-L2 buffer rewritten before every replay
@@ -41,15 +43,10 @@ from pathlib import Path
 PAGE = 64
 NOT_CANDIDATE = -1  # int32 view of IDX_NOT_CANDIDATE_BITS (0xffffffff)
 POISON = 3.0e38  # written past the live length: a kernel that reads it selects it
-VARIANTS = [
-    "topkx_fold_raw_u4",
-    "topkx_fold_prefix_u4_b1",
-    "topkx_slice_raw_u8",
-    "topkx_merge_raw_u8",
-    "topkx_slice_prefix_u2_b2",
-    "topkx_empty",
-]
+EXPERIMENT_KERNELS = ["topkx_fold_prefix_u4_b1", "topkx_empty"]  # tools/gpu/topk_variants.cu
 STAGED_SMEM = 4096 * 4 + 32 * 4 + 8 * 4  # StagedSmem
+# TopkParams.staged_variant (STAGED_V* in kernels/indexer_topk.cu)
+STAGED_VARIANTS = {"v21": 0, "v1": 1, "v1w": 2, "v1h": 3}
 TOPK_SMEM = 4096 * 4 + 2 * 3072 * 4 + 2 * 32 * 4 + 6 * 4  # TopkSmem (general paths)
 
 
@@ -65,15 +62,24 @@ def build(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     nvrtc = build_ptx.load_nvrtc()
     inc = [root / "kernels", build_ptx._package_dir("nvidia.cuda_runtime") / "include"]
-    ptx = build_ptx.compile_one(nvrtc, root / "tools" / "device" / "topk_variants.cu", inc)
+    ptx = build_ptx.compile_one(nvrtc, root / "tools" / "gpu" / "topk_variants.cu", inc)
     (out / "topk_new.ptx").write_text(ptx)
     print(f"wrote {out / 'topk_new.ptx'} ({len(ptx)} bytes)")
+    modules = ["new"]
     if args.old:
         old_src = out / "indexer_topk_old.cu"
         old_src.write_text(Path(args.old).read_text())
         ptx = build_ptx.compile_one(nvrtc, old_src, inc)
         (out / "topk_old.ptx").write_text(ptx)
         print(f"wrote {out / 'topk_old.ptx'} ({len(ptx)} bytes)")
+        modules.append("old")
+    if args.ptxas:
+        import subprocess
+
+        for m in modules:
+            src, dst = out / f"topk_{m}.ptx", out / f"topk_{m}.cubin"
+            subprocess.run([args.ptxas, "-arch=sm_90", str(src), "-o", str(dst)], check=True)
+            print(f"wrote {dst} ({dst.stat().st_size} bytes)")
     return 0
 
 
@@ -145,6 +151,8 @@ class Kernels:
     merge_raw: bool = True
     hit_cap: int = 0
     empty: bool = False  # launch topkx_empty only (the launch-overhead floor)
+    variant: str = "v21"  # TopkParams.staged_variant
+    staged_two_stage: bool = True  # False: slice and merge get no stage (as the launcher)
 
     def hits(self, topk: int) -> int:
         return self.hit_cap or min(8192, 2 * topk + 1024)
@@ -234,11 +242,13 @@ class Stage:
         if self.kern.module == "old":
             return struct.pack("<13Q10I", *ptr, *u32, 0)
         pages = 1 << 31  # the K cache's page count as the launcher caps it
-        return struct.pack("<13Q12I", *ptr, *u32, pages, stage_cap, self.kern.hits(self.topk))
+        variant = STAGED_VARIANTS[self.kern.variant]
+        hits = self.kern.hits(self.topk) if stage_cap else 0
+        return struct.pack("<13Q14I", *ptr, *u32, pages, stage_cap, hits, variant, 0)
 
     def _go(self, fn: str, raw: bool, grid, chunk: int, cap: int, stream: int) -> None:
         old = self.kern.module == "old"
-        smem = 0 if old else staged_bytes(raw, self.kern.hits(self.topk), cap)
+        smem = 0 if old else staged_bytes(raw, self.kern.hits(self.topk) if cap else 0, cap)
         params = self._params(chunk, cap)
         self.drv.launch(self.fns[fn], grid, (1024, 1, 1), smem, stream, params)
 
@@ -251,8 +261,9 @@ class Stage:
             self._go(kern.fold, kern.fold_raw, (self.rows, 1, 1), chunk, k + s, stream)
             return
         grid = (self.rows, self.slices, 1)
-        self._go(kern.slice, kern.slice_raw, grid, chunk, self.slen, stream)
-        cap = k + self.slices * k
+        staged = kern.staged_two_stage
+        self._go(kern.slice, kern.slice_raw, grid, chunk, self.slen if staged else 0, stream)
+        cap = k + self.slices * k if staged else 0
         self._go(kern.merge, kern.merge_raw, (self.rows, 1, 1), chunk, cap, stream)
 
     def run_chunks(self, logits) -> None:
@@ -299,8 +310,9 @@ def reference_positions(torch, logits, lengths, aw, width, topk):
     return torch.sort(out, dim=1).values
 
 
-def compare(torch, st: Stage, logits, lengths, aw, name: str) -> dict:
-    ref = reference_positions(torch, logits, lengths, aw, st.width, st.topk)
+def compare(torch, st: Stage, logits, lengths, aw, name: str, ref=None) -> dict:
+    if ref is None:
+        ref = reference_positions(torch, logits, lengths, aw, st.width, st.topk)
     out = st.buf["out_i"].long()
     if st.physical:
         table = st.buf["table"].long()
@@ -423,21 +435,23 @@ def run_checks(torch, drv, fns, kernel_sets, log, small=False) -> list[dict]:
             (2, 64, [4096, 3000], 512, 4096, 2, "normal", True),
             (2, 64, [4096, 3000], 512, 2048, 1, "special", False),
         ]
-    for kern in kernel_sets:
-        for rows, width, lengths, topk, st, sl, kind, phys in cases:
-            logits = adversarial_logits(torch, rows, width * PAGE, kind, g)
+    # every kernel set sees the same rows; the reference is computed once per case
+    for rows, width, lengths, topk, st, sl, kind, phys in cases:
+        logits = adversarial_logits(torch, rows, width * PAGE, kind, g)
+        table = None
+        if phys:
+            table = torch.randperm(rows * width + 50, device="cuda", generator=g)
+            table = table[: rows * width].reshape(rows, width).int()
+            table[0, 3] = -1  # an unmapped page (its logits are not candidates)
+            logits.view(torch.int32)[0, 3 * PAGE : 4 * PAGE] = NOT_CANDIDATE
+        ref = reference_positions(torch, logits, lengths, max(lengths), width, topk)
+        for kern in kernel_sets:
             stage = Stage(
                 torch, drv, fns[kern.module], kern, rows, width, topk, st, sl, physical=phys
             )
-            table = None
-            if phys:
-                table = torch.randperm(rows * width + 50, device="cuda", generator=g)
-                table = table[: rows * width].reshape(rows, width).int()
-                table[0, 3] = -1  # an unmapped page (its logits are not candidates)
-                logits.view(torch.int32)[0, 3 * PAGE : 4 * PAGE] = NOT_CANDIDATE
             stage.set_lengths(lengths, table=table)
             stage.run_chunks(logits)
-            res = compare(torch, stage, logits, lengths, max(lengths), f"{kind}")
+            res = compare(torch, stage, logits, lengths, max(lengths), f"{kind}", ref=ref)
             res["physical"] = phys
             # determinism of the selected set: run again, same answer
             first = torch.sort(stage.buf["out_i"], dim=1).values.clone()
@@ -447,9 +461,10 @@ def run_checks(torch, drv, fns, kernel_sets, log, small=False) -> list[dict]:
             results.append(res)
             msg = "ok" if res["ok"] else "FAIL " + json.dumps(res)
             log(
-                f"check {kern.name:14s} {kind:10s} rows={rows} topk={topk} st={st} "
+                f"check {kern.name:16s} {kind:10s} rows={rows} topk={topk} st={st} "
                 f"slices={sl} phys={int(phys)}: {msg}"
             )
+            del stage
     return results
 
 
@@ -580,7 +595,16 @@ def median(xs):
 
 
 def run_timings(
-    torch, drv, fns, arms_by_case, iters, log, only=(), profile=False, use_b12x=False
+    torch,
+    drv,
+    fns,
+    arms_by_case,
+    iters,
+    log,
+    only=(),
+    profile=False,
+    use_b12x=False,
+    on_case=None,
 ) -> list[dict]:
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
@@ -594,6 +618,7 @@ def run_timings(
         if logits is None:
             logits, source = bench_logits(torch, case), "torch fp32 scoring"
         lengths = case.lengths()
+        ref = reference_positions(torch, logits, lengths, max(lengths), case.width, case.topk)
         log(f"{case.name}: logits ({source}) ready in {time.time() - t0:.1f} s")
         for arm, kern, slices in arms_by_case[case.name]:
             st = Stage(
@@ -610,7 +635,7 @@ def run_timings(
             )
             st.set_lengths(lengths)
             st.run_chunks(logits)  # fills the scratch chunk (one chunk) and runs once
-            chk = compare(torch, st, logits, lengths, max(lengths), "bench")
+            chk = compare(torch, st, logits, lengths, max(lengths), "bench", ref=ref)
             if profile:
                 log(f"  {arm:28s} profiled  check={'ok' if chk['ok'] else 'FAIL'}")
                 continue
@@ -651,9 +676,55 @@ def run_timings(
             }
         )
         log(f"  {'torch.topk':28s} {median(samples):9.1f} us")
-        del logits, masked
+        del logits, masked, ref
         torch.cuda.empty_cache()
+        if on_case is not None:
+            on_case(results)
     return results
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def summary(args: argparse.Namespace) -> int:
+    """One table of every OUT/*.json this harness wrote: median us per arm x case,
+    the exact checks' counts, and each arm's check on the bench logits."""
+    checks, results = [], []
+    for f in sorted(Path(args.out).glob("*.json")):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or "results" not in doc:
+            continue
+        checks += doc.get("checks", [])
+        results += doc["results"]
+    cases = [c.name for c in CASES]
+    med, ok = {}, {}
+    for r in results:
+        med[(r["arm"], r["case"])] = r["median_us"]
+        if "check_ok" in r:
+            ok[(r["arm"], r["case"])] = r["check_ok"]
+    arms = list(dict.fromkeys(r["arm"] for r in results))
+    short = {c: c.split("_")[0] + "_" + c.split("_")[1] for c in cases}
+    print(f"{'arm (median us)':28s}" + "".join(f"{short[c]:>16s}" for c in cases))
+    for a in arms:
+        cells = []
+        for c in cases:
+            v = med.get((a, c))
+            flag = "" if ok.get((a, c), True) else " BAD"
+            cells.append(f"{'-' if v is None else f'{v:.1f}'}{flag:>4s}".rjust(16))
+        print(f"{a:28s}" + "".join(cells))
+    n_bad = sum(not c["ok"] for c in checks)
+    bench_bad = sum(not v for v in ok.values())
+    print(
+        f"exact checks: {len(checks) - n_bad} passed, {n_bad} failed; "
+        f"bench-logits checks: {len(ok) - bench_bad} passed, {bench_bad} failed"
+    )
+    for c in checks:
+        if not c["ok"]:
+            print("  FAILED", json.dumps(c)[:300])
+    return 1 if n_bad or bench_bad else 0
 
 
 # --------------------------------------------------------------------------- main
@@ -686,7 +757,7 @@ def run(args: argparse.Namespace) -> int:
         mod = drv.load(path.read_bytes())
         names = ["b12x_indexer_topk_fold", "b12x_indexer_topk_slice", "b12x_indexer_topk_merge"]
         if module == "new":
-            names += ["b12x_indexer_topk_fold_prefix", *VARIANTS]
+            names += ["b12x_indexer_topk_fold_prefix", *EXPERIMENT_KERNELS]
         fns[module] = {}
         for n in names:
             f = drv.function(mod, n)
@@ -697,72 +768,64 @@ def run(args: argparse.Namespace) -> int:
             attrs[f"{module}:{n}"] = {"regs": drv.attr(f, 4), "local_bytes": drv.attr(f, 3)}
     log(f"modules loaded in {time.time() - t0:.1f} s: {json.dumps(attrs)}")
 
-    new = Kernels("new", "new")
-    prefix = Kernels("prefix", "new", fold="b12x_indexer_topk_fold_prefix", fold_raw=False)
-    hit1k = Kernels("new_hit1k", "new", hit_cap=1024)
-    raw_u4 = Kernels("raw_u4", "new", fold="topkx_fold_raw_u4")
-    prefix_b1 = Kernels("prefix_u4_b1", "new", fold="topkx_fold_prefix_u4_b1", fold_raw=False)
-    u8 = Kernels("raw_u8", "new", slice="topkx_slice_raw_u8", merge="topkx_merge_raw_u8")
-    sl_prefix = Kernels("slice_prefix", "new", slice="topkx_slice_prefix_u2_b2", slice_raw=False)
+    fold_p = "b12x_indexer_topk_fold_prefix"
+    prefix_b1 = "topkx_fold_prefix_u4_b1"  # v1's decode form: prefix stage, one CTA per SM
+
+    def variant_sets(v: str) -> dict:
+        """The launcher's kernels with staged variant v: the raw fold (rows <= SMs),
+        the prefix fold (more rows), and the fold with v1's decode form."""
+        return {
+            "raw": Kernels(f"{v}", "new", variant=v),
+            "prefix": Kernels(f"{v}_prefix", "new", fold=fold_p, fold_raw=False, variant=v),
+            "prefix_b1": Kernels(
+                f"{v}_prefix_b1", "new", fold=prefix_b1, fold_raw=False, variant=v
+            ),
+        }
+
+    sets = {v: variant_sets(v) for v in STAGED_VARIANTS}
+    hit1k = Kernels("v21_hit1k", "new", hit_cap=1024)
     empty = Kernels("empty", "new", empty=True)
     # The sampled threshold's list (~1.25k for top-512 of 32768) overflows 1024
-    # slots, so these take the full-count fallback: the same result; timed next
-    # to the defaults, they show which path the defaults take.
-    fallback = Kernels("new_fallback", "new", hit_cap=1024)
-    prefix_fb = Kernels(
-        "prefix_fallback",
-        "new",
-        fold="b12x_indexer_topk_fold_prefix",
-        fold_raw=False,
-        hit_cap=1024,
-    )
+    # slots, so these take v21's full-count fallback: the same result; timed next
+    # to the defaults, they show which path v21 takes.
+    fallback = Kernels("v21_fallback", "new", hit_cap=1024)
+    prefix_fb = Kernels("v21_prefix_fallback", "new", fold=fold_p, fold_raw=False, hit_cap=1024)
+    shipped_two = Kernels("shipped_two_stage", "new", staged_two_stage=False)
     old = Kernels("old", "old")
     have_old = "old" in fns
 
     checks = []
     if not args.no_checks:
-        sets = [new, prefix, hit1k] if not args.small else [new, prefix]
-        checks = run_checks(torch, drv, fns, sets, log, small=args.small)
+        if args.small:
+            check_sets = [sets[v]["raw"] for v in STAGED_VARIANTS] + [sets["v1"]["prefix"]]
+        else:
+            # (prefix_b1 is the prefix fold's code with one CTA per SM: timed, checked there)
+            check_sets = [sets[v][f] for v in STAGED_VARIANTS for f in ("raw", "prefix")]
+            check_sets += [hit1k, shipped_two]
+        checks = run_checks(torch, drv, fns, check_sets, log, small=args.small)
     n_bad = sum(not c["ok"] for c in checks)
     log(f"checks: {len(checks) - n_bad} passed, {n_bad} failed")
 
+    names = list(STAGED_VARIANTS)
     arms = {
-        "decode_r64_L32768": [
-            ("empty_kernel", empty, 1),
-            ("b12x_new", new, 1),
-            ("b12x_prefix_b2", prefix, 1),
-            ("b12x_raw_u4", raw_u4, 1),
-            ("b12x_new_fallback", fallback, 1),
-        ],
-        "decode_r1_L131072": [(f"b12x_new_slices{g}", new, g) for g in (4, 8, 16, 32)]
-        + [("b12x_raw_u8_slices16", u8, 16), ("b12x_slice_prefix_slices16", sl_prefix, 16)],
-        "prefill_r4096_L32768": [
-            ("b12x_new", new, 1),
-            ("b12x_prefix_b2", prefix, 1),
-            ("b12x_prefix_u4_b1", prefix_b1, 1),
-            ("b12x_prefix_fallback", prefix_fb, 1),
-        ],
+        "decode_r64_L32768": [("empty_kernel", empty, 1)]
+        + [(f"b12x_{v}", sets[v]["raw"], 1) for v in names]
+        + [(f"b12x_{v}_prefix_b1", sets[v]["prefix_b1"], 1) for v in names]
+        + [("b12x_v21_fallback", fallback, 1)],
+        "decode_r1_L131072": [("b12x_shipped_slices16", shipped_two, 16)]
+        + [(f"b12x_{v}_slices16", sets[v]["raw"], 16) for v in names],
+        "prefill_r4096_L32768": [(f"b12x_{v}", sets[v]["prefix"], 1) for v in names]
+        + [("b12x_v1h_raw", sets["v1h"]["raw"], 1), ("b12x_v21_prefix_fallback", prefix_fb, 1)],
     }
     if have_old:
         arms["decode_r64_L32768"].append(("b12x_old", old, 1))
         arms["decode_r1_L131072"].append(("b12x_old_slices16", old, 16))
         arms["prefill_r4096_L32768"].append(("b12x_old", old, 1))
+    if args.arms:
+        arms = {c: [a for a in v if a[0] in args.arms] for c, v in arms.items()}
     if args.profile:  # one eager call of each product arm, for ncu
-        keep = {"b12x_new", "b12x_new_fallback", "b12x_prefix_b2", "b12x_new_slices16"}
+        keep = {f"b12x_{v}" for v in names} | {"b12x_shipped_slices16"}
         arms = {c: [a for a in v if a[0] in keep] for c, v in arms.items()}
-    timings = []
-    if not args.no_timing:
-        timings = run_timings(
-            torch,
-            drv,
-            fns,
-            arms,
-            args.iters,
-            log,
-            only=args.cases,
-            profile=args.profile,
-            use_b12x=args.b12x_logits,
-        )
 
     meta = {
         "what": "top-k stage alone (tools/gpu/topk_bench.py)",
@@ -776,8 +839,28 @@ def run(args: argparse.Namespace) -> int:
         "kernel_attrs": attrs,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    doc = {"meta": meta, "checks": checks, "results": timings, "log": lines}
-    (out / args.json).write_text(json.dumps(doc, indent=1))
+
+    def write(timings):
+        doc = {"meta": meta, "checks": checks, "results": timings, "log": lines}
+        (out / args.json).write_text(json.dumps(doc, indent=1))
+
+    write([])
+    timings = []
+    if not args.no_timing:
+        timings = run_timings(
+            torch,
+            drv,
+            fns,
+            arms,
+            args.iters,
+            log,
+            only=args.cases,
+            profile=args.profile,
+            use_b12x=args.b12x_logits,
+            on_case=write,
+        )
+
+    write(timings)
     print(f"wrote {out / args.json}")
     return 1 if n_bad else 0
 
@@ -799,7 +882,13 @@ def main() -> int:
     r.add_argument("--profile", action="store_true", help="one eager call per product arm")
     r.add_argument("--small", action="store_true", help="a few short checks (for the sanitizers)")
     r.add_argument("--cases", nargs="*", default=[], help="timing cases (default: all)")
+    r.add_argument("--arms", nargs="*", default=[], help="timing arms (default: all)")
+    b.add_argument("--ptxas", help="ptxas (CUDA 12.8) to also write sm_90 cubins")
+    sm = sub.add_parser("summary")
+    sm.add_argument("out")
     args = ap.parse_args()
+    if args.cmd == "summary":
+        return summary(args)
     return build(args) if args.cmd == "build" else run(args)
 
 
