@@ -1380,9 +1380,12 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
     select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
-// Grid (rows, slices): the top-k of one slice of this chunk's logits.
-template <int U, bool kRaw>
+// Grid (rows, slices): the top-k of one slice of this chunk's logits. The
+// two-stage kernels run the general paths alone, inlined in the entry: the
+// staged form (and the staged code beside an out-of-line general call) measured
+// slower there (bench-results/h200/topk-notes.md, round 3).
 __device__ __forceinline__ void topk_slice(const TopkParams& p) {
+    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
     const u32 r = blockIdx.x, sl = blockIdx.y;
     const RowChunk rc = row_chunk(p, r);
     const u32 start = sl * p.slice_len;
@@ -1394,18 +1397,16 @@ __device__ __forceinline__ void topk_slice(const TopkParams& p) {
     g.logits = p.logits + (u64)r * p.logits_row_stride + start;
     g.idx0 = p.chunk * p.chunk_len + start;
     g.n = min(rc.n_chunk - start, p.slice_len);
-    const StagedDense s{nullptr, nullptr, 0u, g.logits, g.idx0, g.n};
-    DestSink d;
-    d.to_output = false;
+    ValueSink sink;
     const u64 off = ((u64)r * p.slices + sl) * p.topk;
-    d.val.v = p.part_values + off;
-    d.val.i = p.part_indices + off;
-    select_staged<U, kRaw, kWindowUnrolled>(s, g, p.topk, min(g.n, p.topk), d, p, topk_dsm);
+    sink.v = p.part_values + off;
+    sink.i = p.part_indices + off;
+    select_topk<kWindowUnrolled>(g, p.topk, min(g.n, p.topk), sink, sm);
 }
 
 // Grid (rows): carry + the slices' partial lists of this chunk.
-template <int U, bool kRaw>
 __device__ __forceinline__ void topk_merge(const TopkParams& p) {
+    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;
@@ -1420,11 +1421,12 @@ __device__ __forceinline__ void topk_merge(const TopkParams& p) {
     g.slices = p.slices;
     g.slice_len = p.slice_len;
     g.n_chunk = rc.n_chunk;
-    const StagedMerge s{g.cv, g.ci, g.n_carry, g.pv, g.pi, g.topk_shift,
-                        g.slices, g.slice_len, g.n_chunk};
     u32 pad_to;
     const DestSink d = fold_dest(p, r, rc, &pad_to);
-    select_staged<U, kRaw, kWindowRolled>(s, g, p.topk, pad_to, d, p, topk_dsm);
+    if (d.to_output)
+        select_topk<kWindowRolled>(g, p.topk, pad_to, d.out, sm);
+    else
+        select_topk<kWindowRolled>(g, p.topk, pad_to, d.val, sm);
 }
 
 // One 1024-thread CTA per row / (row, slice); dynamic shared memory from
@@ -1441,9 +1443,9 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2)
 }
 
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {
-    topk_slice<4, true>(p);
+    topk_slice(p);
 }
 
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_merge(const TopkParams p) {
-    topk_merge<4, true>(p);
+    topk_merge(p);
 }

@@ -140,7 +140,7 @@ pub enum TopkVariant {
 
 /// The staged variant every top-k launch uses: the one place to switch it
 /// (bench-results/h200/topk-notes.md, round 3, says which measured fastest).
-pub const TOPK_STAGED_VARIANT: TopkVariant = TopkVariant::V21;
+pub const TOPK_STAGED_VARIANT: TopkVariant = TopkVariant::V1;
 
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
 // by `kernel_constants_match_the_sources` and the kernels' static_asserts).
@@ -426,8 +426,8 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
     let slen = slice_len(s, slices);
     // Candidates per fold CTA: the carry + the chunk.
     let (fold_kernel, fold) = topk_fold_kernel(a.rows, a.topk, a.topk + s, sms, opt_in);
-    // The two-stage top-k keeps the general paths: its staged form measured
-    // slower on one H200 (decode 1 x 131072: 30.2 vs 28.3 us, bench-results/h200/topk-notes.md).
+    // The two-stage kernels run the general paths only (no stage): the staged
+    // forms measured slower on one H200 (bench-results/h200/topk-notes.md).
     let (slice, merge) = (TopkStage::GENERAL, TopkStage::GENERAL);
     let partial = |id| if slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
