@@ -156,6 +156,7 @@ class IpcAllReduce:
         weight: Any | None = None,
         epsilon: float | None = None,
         residual: Any | None = None,
+        out: Any | None = None,
     ) -> AllReducePlan | None: ...
     def run(self, plan: AllReducePlan, inp: Any, out: Any, /) -> None: ...
     def run_fused(

@@ -390,20 +390,22 @@ class AllReduce:
         weight: torch.Tensor | None = None,
         epsilon: float | None = None,
         residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> AllReducePlan | None:
         """The declared plan if this call runs here, else None; never raises.
 
         One Rust call: the exact-key lookup (operation, shape, dtype, address
         strides; for :data:`FUSED` the weight's identity and epsilon), then
         what the key cannot fix and the launch would refuse: device, 16-byte
-        alignment, and for :data:`FUSED` the ``residual`` and ``weight`` of the
-        in-place call (``out=inp``, ``residual_out=residual``). Pass the plan
-        on as ``plan=`` so the call does not look it up again.
+        alignment, and for :data:`FUSED` the ``residual``, ``weight`` and
+        ``out`` of the call (``residual_out=residual``; ``out`` None: in
+        place, ``out=inp``). Pass the plan on as ``plan=`` so the call does
+        not look it up again.
         """
         rt = self._rt
         if not self.enabled or rt is None:
             return None
-        return rt.admit(self._index, inp, operation, weight, epsilon, residual)
+        return rt.admit(self._index, inp, operation, weight, epsilon, residual, out)
 
     def has_plan_for(
         self,
