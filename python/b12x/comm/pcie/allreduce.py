@@ -44,6 +44,7 @@ import torch.distributed as dist
 from b12x import _core
 from b12x._core import AllReducePlan, DeclaredPlanIndex
 from b12x.comm.pcie import handshake, knobs
+from b12x.comm.pcie.declared import declare_plans
 from b12x.comm.pcie.invocation import FUSED, PLAIN
 from b12x.comm.pcie.knobs import (
     ENV_FUSED_MAX,
@@ -366,7 +367,8 @@ class AllReduce:
             self._declared = []
             self._index.clear()
             return
-        routed, declined = prepare_declarations(
+        routed, declined = declare_plans(
+            self._index,
             invocations,
             self.world_size,
             self.limits,
@@ -375,13 +377,17 @@ class AllReduce:
         )
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
-        self._index.rebuild(routed)
         self._declared = routed
 
     @property
     def declared_plans(self) -> list[tuple[Declaration, AllReducePlan]]:
         """(invocation, plan) of every routed declaration, in declaration order."""
         return list(self._declared)
+
+    @property
+    def index(self) -> DeclaredPlanIndex:
+        """The index of the declared plans (what :meth:`admit` looks calls up in)."""
+        return self._index
 
     def admit(
         self,
