@@ -78,5 +78,7 @@ def test_declared_plans_answer_as_the_runtime_does_and_admit_nothing():
 
 
 def test_declaring_needs_limits():
-    with pytest.raises(ConfigError, match="limits expected a b12x.comm.pcie.Limits, got object"):
+    with pytest.raises(
+        ConfigError, match=r"limits expected a b12x\.comm\.pcie\.Limits, got object"
+    ):
         DeclaredPlans(2, object()).declare([])
