@@ -705,6 +705,91 @@ def test_fused_probe_and_separate_output(pcie):
     assert not PcieAllReduce(device=CPU, limits=object()).supports_fused_add_rms_norm()
 
 
+# --- the vLLM slot ------------------------------------------------------------------------
+
+
+class StockAllreduce:
+    """vLLM's own CustomAllreduce as the slot uses it: takes what ``takes`` says."""
+
+    takes = staticmethod(lambda t: False)
+
+    def __init__(self, group, device, *args, **kwargs):
+        self.disabled, self.calls = False, []
+
+    def should_custom_ar(self, inp):
+        self.calls.append("should")
+        return self.takes(inp)
+
+    def custom_all_reduce(self, inp):
+        self.calls.append("custom")
+        return inp * 10
+
+    def close(self):
+        pass
+
+
+class Group:
+    def size(self):
+        return 2
+
+
+def slot_with(monkeypatch, runtime):
+    """b12x's slot as vLLM's CudaCommunicator builds it, over ``runtime``."""
+    from b12x.integration.vllm import _hooks, communicator
+
+    monkeypatch.setattr(communicator, "_stock", StockAllreduce)
+    monkeypatch.setattr(
+        communicator.B12xCustomAllreduce, "runtime_factory", lambda group, device, limits: runtime
+    )
+    monkeypatch.setattr(_hooks, "same_node", lambda group: True)
+    monkeypatch.setattr(_hooks, "vllm_config", serving_config)
+    monkeypatch.setattr(_hooks, "flashinfer_all_reduce_first", lambda: False)
+    return communicator.B12xCustomAllreduce(Group(), CPU)
+
+
+def vllm_all_reduce(slot, x):
+    """What CudaCommunicator.all_reduce does with its custom all-reduce slot."""
+    if slot.should_custom_ar(x):
+        out = slot.custom_all_reduce(x)
+        assert out is not None
+        return out
+    return None
+
+
+def test_the_vllm_slot_admits_each_all_reduce_once(monkeypatch):
+    runtime = FakeRuntime()
+    slot = slot_with(monkeypatch, runtime)
+    stock = slot._stock
+    stock.takes = lambda t: t.shape == (3, 384)
+    ours = torch.ones((4, 256), dtype=torch.bfloat16)  # declared from the config
+    theirs = torch.ones((3, 384), dtype=torch.bfloat16)  # vLLM's own takes it
+    nobody = torch.ones((2, 4, 256), dtype=torch.bfloat16)  # NCCL's
+    seen = {}
+    for label, x in {"ours": ours, "theirs": theirs, "nobody": nobody}.items():
+        admissions, calls, stock_calls = runtime.admissions, len(runtime.calls), len(stock.calls)
+        out = vllm_all_reduce(slot, x)
+        seen[label] = (
+            runtime.admissions - admissions,
+            len(runtime.calls) - calls,
+            stock.calls[stock_calls:],
+            None if out is None else float(out[0, 0]),
+        )
+        assert slot._admitted is None  # no tensor kept past the call
+    assert seen == {
+        "ours": (1, 1, [], 2.0),
+        "theirs": (1, 0, ["should", "custom"], 10.0),
+        "nobody": (1, 0, ["should"], None),
+    }
+    assert runtime.plans_passed == [runtime.plan_for(ours)]
+    # a custom_all_reduce of another tensor, or of none admitted first, admits it itself
+    assert slot.should_custom_ar(ours)
+    admissions = runtime.admissions
+    assert float(slot.custom_all_reduce(ours.clone())[0, 0]) == 2.0
+    assert float(slot.custom_all_reduce(ours)[0, 0]) == 2.0
+    assert runtime.admissions - admissions == 2
+    slot.close()
+
+
 def test_the_fused_op_traces_with_its_fake_implementation():
     from b12x.integration.vllm import fused_op  # noqa: F401 (registers torch.ops.b12x)
     from torch.fx.experimental.proxy_tensor import make_fx
