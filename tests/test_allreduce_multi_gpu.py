@@ -431,6 +431,11 @@ def _scenario_admission(torch, dist, AllReduce, Limits):
     assert ar.admit(inp, fused_op, weight, eps, res.float()) is None
     assert ar.admit(inp, fused_op, weight, eps) is None  # no residual
     assert ar.admit(inp, fused_op, weight.clone(), eps, res) is None  # another weight object
+    out = torch.empty_like(inp)  # a separate output is admitted as its launch checks it
+    assert ar.admit(inp, fused_op, weight, eps, res, out) is fused
+    assert ar.admit(inp, fused_op, weight, eps, res, out.float()) is None
+    assert ar.admit(inp, fused_op, weight, eps, res, out.t().contiguous().t()) is None
+    assert ar.admit(inp, fused_op, weight, eps, res, res) is None  # out aliases residual_out
     ar.fused_add_rms_norm(inp, res, weight, eps, plan=fused)
     torch.cuda.synchronize()
     assert torch.all(res == dist.get_world_size())

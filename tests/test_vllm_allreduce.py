@@ -1,10 +1,11 @@
 """The PCIe all-reduce adapter: the seed's qualifying tests (spec §10 items 1-7).
 
-Items 1-6 go through the adapter's ``DeclaredPlanIndex``. Item 7: dispatch,
-admission, capture and describers against a recording runtime double (the
-real runtime needs GPUs); routing and limits through the runtime's own
-``route`` and ``Limits`` (its own tests cover the routing table and the byte
-parser).
+Items 1-6 go through the ``DeclaredPlanIndex`` of the adapter's declared plans
+(without a runtime: a ``b12x.comm.pcie.DeclaredPlans``). Item 7: dispatch,
+admission, capture and describers against a recording runtime double that
+declares and admits through b12x's own routing and index (the real runtime
+needs GPUs); routing and limits through the runtime's own rules and
+``Limits`` (its own tests cover the routing table and the byte parser).
 """
 
 from __future__ import annotations
@@ -44,12 +45,15 @@ def inv(pcie, name, shape, dtype=torch.bfloat16, strides=None, weight=None, epsi
     )
 
 
+def pairs_of(*invocations):
+    """``(invocation, plan)`` pairs, each invocation with a plan object of its own."""
+    return [(i, f"plan:{i.name}") for i in invocations]
+
+
 def indexed(*invocations):
-    """An adapter whose index holds ``invocations``, each with its own plan object."""
-    comm = PcieAllReduce(device=CPU, limits=object())  # no runtime: the index alone
-    comm._invocations = {i.name: i for i in invocations}
-    comm._plans = {i.name: f"plan:{i.name}" for i in invocations}
-    comm._index_declared_plans()
+    """An adapter whose declared plans hold ``invocations``, each with its own plan object."""
+    comm = PcieAllReduce(device=CPU, limits=object())  # no runtime: the declared plans alone
+    comm._index.rebuild(pairs_of(*invocations))
     return comm
 
 
@@ -87,11 +91,13 @@ def test_item2_shape_dtype_strides_and_first_match(pcie):
 
 
 def test_item3_the_index_is_a_snapshot_until_rebuilt(pcie):
-    comm = indexed(inv(pcie, "first", (2, 4)))
+    declared = pairs_of(inv(pcie, "first", (2, 4)))
+    comm = indexed()
+    comm._index.rebuild(declared)
     x = torch.empty((2, 4), dtype=torch.bfloat16)
-    comm._invocations = {}
+    declared.clear()
     assert comm._plan_for(x) == "plan:first"
-    comm._index_declared_plans()
+    comm._index.rebuild(declared)
     assert not comm._has_plan_for(x)
 
 
@@ -133,8 +139,8 @@ def test_item6_plan_for_on_an_empty_communicator_raises(pcie):
 # --- item 7: dispatch and admission with a recording runtime ------------------------------
 
 
-def comm_with(world_size=2, routes=None):
-    runtime = FakeRuntime(world_size=world_size, routes=routes)
+def comm_with(world_size=2, refuse=()):
+    runtime = FakeRuntime(world_size=world_size, refuse=refuse)
     return PcieAllReduce(device=CPU, runtime=runtime), runtime
 
 
@@ -155,7 +161,7 @@ def test_eager_dispatch_runs_the_declared_call(pcie):
 
 
 def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
-    comm, runtime = comm_with(routes={"plain": None})  # the runtime declines the plain one
+    comm, runtime = comm_with(refuse={"plain"})  # the runtime declines the plain one
     weight = torch.ones(4, dtype=torch.float32)
     comm.declare(
         [
@@ -181,7 +187,7 @@ def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
 
 
 def test_runtime_refusal_declines(pcie):
-    comm, runtime = comm_with(routes={"refused": None})
+    comm, runtime = comm_with(refuse={"refused"})
     comm.declare([inv(pcie, "refused", (2, 4)), inv(pcie, "kept", (4, 4))])
     assert [i.name for i in runtime.declared[0]] == ["refused", "kept"]
     assert comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16)) is None
@@ -199,7 +205,7 @@ def test_live_address_and_device_are_admitted_separately(pcie):
     assert comm.has_plan_for(misaligned)
     assert not comm.should_custom_ar(misaligned)
     assert comm.custom_all_reduce(misaligned) is None
-    comm.device = torch.device("cuda", 0)
+    runtime.device = torch.device("cuda", 0)  # the runtime admits on its device
     assert not comm.should_custom_ar(aligned)
     assert runtime.calls == []
 
@@ -475,6 +481,142 @@ def test_close_forgets_everything_and_is_idempotent(pcie):
     assert comm._plans == {} and comm._invocations == {} and len(comm._index) == 0
 
 
+# --- one path: the runtime's declared plans and its one admission ---------------------------
+
+
+def declared_sets(obj):
+    """The declared-plan sets and indexes ``obj`` holds."""
+    kinds = (pcie_module.DeclaredPlanIndex, pcie_module.DeclaredPlans)
+    return [v for v in vars(obj).values() if isinstance(v, kinds)]
+
+
+def test_the_adapter_keeps_no_index_of_its_own(pcie):
+    comm, runtime = comm_with()
+    comm.declare([inv(pcie, "m", (2, 4)), inv(pcie, "m.again", (2, 4))])
+    assert comm._index is runtime.index and len(runtime.index) == 1
+    assert comm.declared_plans == runtime.declared_plans
+    assert all(held is runtime for held in declared_sets(comm))  # the runtime itself
+    # without a runtime: one routing-only set, b12x's own, under the same limits
+    offline = PcieAllReduce(device=CPU, world_size=2, limits=runtime.limits)
+    (held,) = declared_sets(offline)
+    assert type(held) is pcie.DeclaredPlans
+    offline.declare([inv(pcie, "m", (2, 4))])
+    assert offline._routes == {"m": "oneshot"} and offline._index is held.index
+
+
+def test_admission_is_one_runtime_call_and_the_run_gets_its_plan(pcie):
+    comm, runtime = comm_with()
+    weight = torch.ones(4, dtype=torch.float32)
+    comm.declare(
+        [
+            inv(pcie, "m", (2, 4)),
+            inv(pcie, "f", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6),
+        ]
+    )
+    x = torch.ones((2, 4), dtype=torch.bfloat16)
+    assert comm.should_custom_ar(x) and runtime.admissions == 1
+    plan = comm.admit(x)
+    assert plan is comm._plans["m"] and runtime.admissions == 2
+    assert comm.custom_all_reduce(x, plan=plan) is not None and runtime.admissions == 2
+    assert comm.custom_all_reduce(x) is not None and runtime.admissions == 3
+    y, residual = torch.ones((2, 4)), torch.zeros((2, 4))
+    assert comm.try_fused_add_rms_norm(y, residual, weight, 1e-6) and runtime.admissions == 4
+    assert not comm.try_fused_add_rms_norm(y, y, weight, 1e-6) and runtime.admissions == 5
+    assert runtime.plans_passed == [plan, plan, comm._plans["f"]]
+
+
+def test_the_admission_alone_decides(pcie):
+    # no Python check stands between the runtime's admission and the run
+    comm, runtime = comm_with()
+    weight = torch.ones(4, dtype=torch.float32)
+    comm.declare([inv(pcie, "f", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6)])
+    plan = comm._plans["f"]
+    runtime.admit = lambda *args: plan  # a runtime that admits anything
+    x = torch.ones((2, 4))
+    assert comm.try_fused_add_rms_norm(x, x, weight.half(), 1e-6, out=x.t())
+    assert comm.should_custom_ar(torch.ones(3))
+    runtime.admit = lambda *args: None  # and one that admits nothing
+    assert not comm.try_fused_add_rms_norm(x, torch.zeros_like(x), weight, 1e-6)
+    assert comm.custom_all_reduce(torch.ones((2, 4))) is None
+    assert [c[0] for c in runtime.calls] == ["fused"]
+
+
+def _decline_cases(pcie):
+    """(reason, call) pairs: each call is declined for that one reason."""
+    weight = torch.ones(8, dtype=torch.bfloat16)
+    storage = torch.ones(64, dtype=torch.bfloat16)
+    x, residual = (
+        torch.ones((2, 8), dtype=torch.bfloat16),
+        torch.zeros((2, 8), dtype=torch.bfloat16),
+    )
+    out = torch.empty_like(x)
+    column_major = torch.zeros((8, 2), dtype=torch.bfloat16).t()
+    declared = [inv(pcie, "m", (2, 8)), inv(pcie, "f", (2, 8), weight=weight, epsilon=1e-6)]
+    plain = [
+        ("undeclared shape", torch.ones((3, 8), dtype=torch.bfloat16)),
+        ("undeclared dtype", x.float()),
+        ("undeclared strides", torch.ones((2, 16), dtype=torch.bfloat16)[:, :8]),
+        ("misaligned address", storage[1:17].view(2, 8)),
+        ("not a tensor", [[1.0] * 8] * 2),
+    ]
+    fused = [
+        ("another weight object", (x, residual, weight.clone(), 1e-6, None)),
+        ("another epsilon", (x, residual, weight, 1e-5, None)),
+        ("residual aliases the input", (x, x, weight, 1e-6, None)),
+        ("residual not row-major", (x, column_major, weight, 1e-6, None)),
+        ("residual of another dtype", (x, residual.float(), weight, 1e-6, None)),
+        ("residual misaligned", (x, storage[1:17].view(2, 8), weight, 1e-6, None)),
+        ("out of another dtype", (x, residual, weight, 1e-6, out.float())),
+        ("out not row-major", (x, residual, weight, 1e-6, column_major.clone())),
+        ("out aliases residual_out", (x, residual, weight, 1e-6, residual)),
+    ]
+    return declared, plain, fused
+
+
+def test_declines_for_every_reason_take_one_admission_and_run_nothing(pcie):
+    comm, runtime = comm_with()
+    declared, plain, fused = _decline_cases(pcie)
+    comm.declare(declared)
+    for reason, t in plain:
+        before = runtime.admissions
+        assert not comm.should_custom_ar(t), reason
+        assert comm.custom_all_reduce(t) is None, reason
+        assert runtime.admissions - before == 2, reason
+    for reason, (x, residual, weight, eps, out) in fused:
+        before = runtime.admissions
+        assert not comm.try_fused_add_rms_norm(x, residual, weight, eps, out), reason
+        assert runtime.admissions - before == 1, reason
+    assert runtime.calls == []
+    # the same calls on their declared operands run
+    assert comm.should_custom_ar(torch.ones((2, 8), dtype=torch.bfloat16))
+    x = torch.ones((2, 8), dtype=torch.bfloat16)
+    assert comm.try_fused_add_rms_norm(x, torch.zeros_like(x), declared[1].norm_weight, 1e-6)
+
+
+@pytest.mark.parametrize("how", ["disabled", "closed", "no runtime"])
+def test_a_dead_or_absent_runtime_declines_everything(pcie, how):
+    declared = _decline_cases(pcie)[0]
+    runtime = FakeRuntime()
+    if how == "disabled":
+        runtime.enabled, runtime.disabled_reason = False, "setup step 'allocate' failed"
+    comm = PcieAllReduce(
+        device=CPU,
+        runtime=None if how == "no runtime" else runtime,
+        limits=runtime.limits,
+        world_size=2,
+    )
+    comm.declare(declared)
+    if how == "closed":
+        comm.close()
+    x = torch.ones((2, 8), dtype=torch.bfloat16)
+    assert not comm.should_custom_ar(x) and comm.custom_all_reduce(x) is None
+    assert not comm.try_fused_add_rms_norm(x, torch.zeros_like(x), declared[1].norm_weight, 1e-6)
+    assert runtime.calls == []
+    assert len(runtime.declared) == (how == "closed")  # a dead runtime is not declared to
+    # routing still answers where the adapter never had a live runtime
+    assert comm.has_plan_for(x) is (how != "closed")
+
+
 # --- declarations derived from a vLLM config ----------------------------------------------
 
 
@@ -561,6 +703,91 @@ def test_fused_probe_and_separate_output(pcie):
     off = PcieAllReduce(device=CPU, runtime=FakeRuntime(limits=runtime_module.Limits(fused_max=0)))
     assert not off.supports_fused_add_rms_norm()
     assert not PcieAllReduce(device=CPU, limits=object()).supports_fused_add_rms_norm()
+
+
+# --- the vLLM slot ------------------------------------------------------------------------
+
+
+class StockAllreduce:
+    """vLLM's own CustomAllreduce as the slot uses it: takes what ``takes`` says."""
+
+    takes = staticmethod(lambda t: False)
+
+    def __init__(self, group, device, *args, **kwargs):
+        self.disabled, self.calls = False, []
+
+    def should_custom_ar(self, inp):
+        self.calls.append("should")
+        return self.takes(inp)
+
+    def custom_all_reduce(self, inp):
+        self.calls.append("custom")
+        return inp * 10
+
+    def close(self):
+        pass
+
+
+class Group:
+    def size(self):
+        return 2
+
+
+def slot_with(monkeypatch, runtime):
+    """b12x's slot as vLLM's CudaCommunicator builds it, over ``runtime``."""
+    from b12x.integration.vllm import _hooks, communicator
+
+    monkeypatch.setattr(communicator, "_stock", StockAllreduce)
+    monkeypatch.setattr(
+        communicator.B12xCustomAllreduce, "runtime_factory", lambda group, device, limits: runtime
+    )
+    monkeypatch.setattr(_hooks, "same_node", lambda group: True)
+    monkeypatch.setattr(_hooks, "vllm_config", serving_config)
+    monkeypatch.setattr(_hooks, "flashinfer_all_reduce_first", lambda: False)
+    return communicator.B12xCustomAllreduce(Group(), CPU)
+
+
+def vllm_all_reduce(slot, x):
+    """What CudaCommunicator.all_reduce does with its custom all-reduce slot."""
+    if slot.should_custom_ar(x):
+        out = slot.custom_all_reduce(x)
+        assert out is not None
+        return out
+    return None
+
+
+def test_the_vllm_slot_admits_each_all_reduce_once(monkeypatch):
+    runtime = FakeRuntime()
+    slot = slot_with(monkeypatch, runtime)
+    stock = slot._stock
+    stock.takes = lambda t: t.shape == (3, 384)
+    ours = torch.ones((4, 256), dtype=torch.bfloat16)  # declared from the config
+    theirs = torch.ones((3, 384), dtype=torch.bfloat16)  # vLLM's own takes it
+    nobody = torch.ones((2, 4, 256), dtype=torch.bfloat16)  # NCCL's
+    seen = {}
+    for label, x in {"ours": ours, "theirs": theirs, "nobody": nobody}.items():
+        admissions, calls, stock_calls = runtime.admissions, len(runtime.calls), len(stock.calls)
+        out = vllm_all_reduce(slot, x)
+        seen[label] = (
+            runtime.admissions - admissions,
+            len(runtime.calls) - calls,
+            stock.calls[stock_calls:],
+            None if out is None else float(out[0, 0]),
+        )
+        assert slot._admitted is None  # no tensor kept past the call
+    assert seen == {
+        "ours": (1, 1, [], 2.0),
+        "theirs": (1, 0, ["should", "custom"], 10.0),
+        "nobody": (1, 0, ["should"], None),
+    }
+    assert runtime.plans_passed == [runtime.plan_for(ours)]
+    # a custom_all_reduce of another tensor, or of none admitted first, admits it itself
+    assert slot.should_custom_ar(ours)
+    admissions = runtime.admissions
+    assert float(slot.custom_all_reduce(ours.clone())[0, 0]) == 2.0
+    assert float(slot.custom_all_reduce(ours)[0, 0]) == 2.0
+    assert runtime.admissions - admissions == 2
+    slot.close()
 
 
 def test_the_fused_op_traces_with_its_fake_implementation():

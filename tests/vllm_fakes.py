@@ -5,17 +5,19 @@
 * b12x's side: a counting wrapper around the indexer module, and doubles of
   the all-reduce runtime that record every call (the real runtime needs
   GPUs): :class:`FakeRuntime` (no process group) and :class:`GlooRuntime`
-  (sums over a gloo group, for real vLLM ranks on CPU).
+  (sums over a gloo group, for real vLLM ranks on CPU). Both declare and
+  admit through b12x's own routing and index (:class:`HostRuntime`).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+from b12x.comm.pcie import PLAIN, DeclaredPlans, Limits
 
 # --- vLLM side ----------------------------------------------------------------------------
 
@@ -158,55 +160,103 @@ def module_copy(module: Any, **overrides: Any) -> Any:
 # --- the all-reduce side ------------------------------------------------------------------
 
 
-@dataclass(eq=False)
-class FakePlan:
-    """What the runtime double prepares per distinct declaration."""
+def _dense(t: torch.Tensor) -> bool:
+    """Covers its elements exactly once in some dimension order (size-1 dims aside)."""
+    step = 1
+    for stride, size in sorted((s, d) for d, s in zip(t.shape, t.stride(), strict=True) if d != 1):
+        if stride != step:
+            return False
+        step *= size
+    return True
 
-    route: str
-    key: Any
-    names: list[str] = field(default_factory=list)
+
+def _host_operand(plan: Any, device: torch.device, t: Any) -> bool:
+    """Whether ``t`` is an operand the launch of ``plan`` accepts on ``device``:
+    b12x-core's ``bind`` rule (dtype, device, 16-byte address, element count,
+    dense for the one-shot, row-major otherwise) for a host tensor."""
+    if not isinstance(t, torch.Tensor) or str(t.dtype).removeprefix("torch.") != plan.dtype:
+        return False
+    numel = 1
+    for d in plan.shape:
+        numel *= d
+    layout = _dense(t) if plan.route == "oneshot" else t.is_contiguous()
+    return t.device == device and t.data_ptr() % 16 == 0 and t.numel() == numel and layout
 
 
-class FakeRuntime:
-    """The ``b12x.comm.pcie.AllReduce`` double: records calls, sums by world size.
+class HostRuntime(DeclaredPlans):
+    """What the doubles of ``b12x.comm.pcie.AllReduce`` share: b12x's own
+    declaring (routing, real ``AllReducePlan`` objects, equal declarations
+    sharing one, the Rust ``DeclaredPlanIndex``), and the runtime's
+    ``admit`` on a host ``device``.
 
-    ``routes`` maps a declaration name to its route, or to None when the
-    runtime declines it; unnamed ones take ``oneshot`` / ``oneshot_fused``.
-    Equal declarations (route, shape, dtype, strides) share one plan.
+    The real ``admit`` is one Rust call: the exact-key lookup in that index,
+    then the checks a launch makes that the key cannot (b12x-core's
+    ``admit_plain`` / ``admit_fused``), on a CUDA device. Here the lookup is
+    the same index's; the launch checks are the same rules read from the plan,
+    for host tensors (:func:`_host_operand`). The slot always fits: plans come
+    from this runtime's own limits and world, as in the real one.
     """
 
-    def __init__(
-        self, world_size: int = 2, routes: dict[str, str | None] | None = None, limits=None
-    ) -> None:
-        from b12x.comm.pcie.allreduce import Limits
-
-        self.world_size = world_size
-        self.limits = Limits() if limits is None else limits
+    def __init__(self, world_size: int, limits: Any, device: Any = "cpu") -> None:
+        super().__init__(world_size, limits, multiprocessors=132)
+        self.device = torch.device(device)
         self.enabled = True
-        self.disabled_reason = None
-        self.routes = routes or {}
-        self.declared: list[list[Any]] = []
-        self.declared_plans: list[tuple[Any, FakePlan]] = []
+        self.disabled_reason: str | None = None
+        self.admissions = 0  # admit() calls
+        self.closed = 0
+
+    def admit(self, inp, operation=PLAIN, weight=None, epsilon=None, residual=None, out=None):
+        self.admissions += 1
+        if not self.enabled:
+            return None
+        try:
+            plan = self.index.lookup(inp, operation, weight, epsilon)
+        except Exception:  # admit never raises: input with no key declines
+            return None
+        if plan is None or plan.world != self.world_size:
+            return None
+        if plan.operation == PLAIN:
+            return plan if _host_operand(plan, self.device, inp) else None
+        out = inp if out is None else out
+        operands = (inp, residual, out)  # residual_out = residual
+        if not all(_host_operand(plan, self.device, t) for t in operands):
+            return None
+        weight_ok = (
+            weight.dtype == inp.dtype
+            and weight.device == self.device
+            and tuple(weight.shape) == (plan.shape[-1],)
+            and weight.is_contiguous()
+            and weight.data_ptr() % 16 == 0
+        )
+        # epsilon is part of the key, so it is the declared one (>= 0)
+        return plan if weight_ok and out.data_ptr() != residual.data_ptr() else None
+
+    def close(self) -> None:
+        self.closed += 1
+        self.enabled = False
+        self.clear()
+
+
+class FakeRuntime(HostRuntime):
+    """The ``b12x.comm.pcie.AllReduce`` double: records calls, sums by world size.
+
+    Declarations are b12x's own (:class:`HostRuntime`), except that names in
+    ``refuse`` are declined as a runtime declines what it cannot route.
+    """
+
+    def __init__(self, world_size: int = 2, refuse=(), limits=None, device="cpu") -> None:
+        super().__init__(world_size, Limits() if limits is None else limits, device)
+        self.refuse = set(refuse)
+        self.declared: list[list[Any]] = []  # the invocations of each declare() call
         self.calls: list[tuple[str, tuple[Any, ...]]] = []
         self.in_capture = False
         self.captures = 0
-        self.closed = 0
         self.plans_passed: list[Any] = []  # the plan= each run call got
 
-    def declare(self, invocations) -> None:
+    def declare(self, invocations):
         invocations = list(invocations)
         self.declared.append(invocations)
-        shared: dict[Any, FakePlan] = {}
-        self.declared_plans = []
-        for inv in invocations:
-            default = "oneshot" if inv.operation == "all_reduce" else "oneshot_fused"
-            route = self.routes.get(inv.name, default)
-            if route is None:
-                continue
-            key = (route, inv.shape, inv.dtype, inv.strides)
-            plan = shared.setdefault(key, FakePlan(route, key))
-            plan.names.append(inv.name)
-            self.declared_plans.append((inv, plan))
+        return super().declare(inv for inv in invocations if inv.name not in self.refuse)
 
     def all_reduce(self, inp, out=None, *, plan=None):
         self.calls.append(("all_reduce", (inp, out)))
@@ -233,44 +283,34 @@ class FakeRuntime:
         finally:
             self.in_capture = False
 
-    def close(self) -> None:
-        self.closed += 1
-        self.enabled = False
 
-
-class GlooRuntime:
+class GlooRuntime(HostRuntime):
     """The IPC runtime's stand-in for vLLM ranks on CPU (the real one needs GPUs).
 
-    Declarations go through b12x's own routing and plans
-    (``prepare_declarations``, real ``AllReducePlan`` objects); only the
-    execution is replaced: sums over the gloo ``group`` instead of IPC
-    kernels, the fused op in fp32 as the kernel does. Records every call.
+    Declarations and admission as :class:`HostRuntime`; only the execution
+    is replaced: sums over the gloo ``group`` instead of IPC kernels, the
+    fused op in fp32 as the kernel does. Records every call.
     ``enabled=False`` with ``disabled_reason`` plays a runtime that disabled
     itself during set-up (an unsupported GPU, a failed peer mapping).
     """
 
     def __init__(self, group, limits=None, *, enabled=True, disabled_reason=None) -> None:
         import torch.distributed as dist
-        from b12x.comm.pcie.allreduce import Limits
 
+        super().__init__(
+            dist.get_world_size(group), Limits.from_env() if limits is None else limits
+        )
         self.group = group
-        self.world_size = dist.get_world_size(group)
-        self.limits = Limits.from_env() if limits is None else limits
         self.enabled = enabled
         self.disabled_reason = disabled_reason
-        self.declared_plans: list[tuple[Any, Any]] = []
         self.declared_counts: list[int] = []
         self.calls: list[tuple[str, tuple[int, ...]]] = []
         self.captures = 0
-        self.closed = 0
 
-    def declare(self, invocations) -> None:
-        from b12x.comm.pcie.allreduce import prepare_declarations
-
+    def declare(self, invocations):
         invocations = list(invocations)
         self.declared_counts.append(len(invocations))
-        routed, _ = prepare_declarations(invocations, self.world_size, self.limits, 132)
-        self.declared_plans = routed
+        return super().declare(invocations)
 
     def _sum(self, inp):
         import torch.distributed as dist
@@ -302,7 +342,3 @@ class GlooRuntime:
     def capture(self):
         self.captures += 1
         yield
-
-    def close(self) -> None:
-        self.closed += 1
-        self.enabled = False

@@ -176,6 +176,7 @@ class IpcAllReduce:
         weight: torch.Tensor | None = None,
         epsilon: float | None = None,
         residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> AllReducePlan | None: ...
     def run(self, plan: AllReducePlan, inp: torch.Tensor, out: torch.Tensor) -> None: ...
     def run_fused(

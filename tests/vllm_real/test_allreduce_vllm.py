@@ -44,6 +44,12 @@ def test_item2_dispatch_declared_shapes_on_b12x_the_rest_on_vllms_chain(tp_ranks
         assert results[label]["b12x"] == 0
 
 
+def test_each_all_reduce_is_admitted_once(tp_ranks):
+    # CudaCommunicator asks should_custom_ar, then calls custom_all_reduce: one admission
+    results = both(tp_ranks.run("dispatch"))
+    assert {label: r["admissions"] for label, r in results.items()} == dict.fromkeys(results, 1)
+
+
 def test_item5_graph_capture_with_declarations_runs_on_b12x(tp_ranks):
     seen = both(tp_ranks.run("graph_capture", declared=True))
     assert seen["context_stream"] and seen["correct"]

@@ -242,11 +242,12 @@ def dispatch(rank: int) -> dict[str, Any]:
         "other_hidden": (4, 384),
         "three_d": (2, 4, HIDDEN),
     }.items():
-        before = len(runtime.calls)
+        before, admissions = len(runtime.calls), runtime.admissions
         out = comm.all_reduce(rank_input(rank, shape))
         results[label] = {
             "b12x": len(runtime.calls) - before,
             "correct": bool(torch.equal(out, expected_sum(shape))),
+            "admissions": runtime.admissions - admissions,
         }
     comm.destroy()
     return results

@@ -10,11 +10,14 @@ to the next backend (NCCL). :class:`UndeclaredPlanError` is what
   :data:`PLAIN` / :data:`FUSED`.
 * :mod:`~b12x.comm.pcie.knobs`: :class:`Limits` and the environment knobs.
 * :mod:`~b12x.comm.pcie.handshake`: the collective set-up and teardown.
+* :mod:`~b12x.comm.pcie.declared`: declaring (route, prepare, index) and
+  :class:`DeclaredPlans`, the declared half of a runtime where there is none.
 * :mod:`~b12x.comm.pcie.allreduce`: the :class:`AllReduce` runtime (declare,
   admit, live calls).
 """
 
 from b12x.comm.pcie.allreduce import AllReduce, AllReducePlan
+from b12x.comm.pcie.declared import DeclaredPlans, declare_plans
 from b12x.comm.pcie.index import DeclaredPlanIndex, plan_key
 from b12x.comm.pcie.invocation import (
     ALL_REDUCE,
@@ -35,9 +38,11 @@ __all__ = [
     "AllReduce",
     "AllReducePlan",
     "DeclaredPlanIndex",
+    "DeclaredPlans",
     "Invocation",
     "Limits",
     "Operation",
     "UndeclaredPlanError",
+    "declare_plans",
     "plan_key",
 ]

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from b12x import _core
 from b12x._core import AllReducePlan, DeclaredPlanIndex
 from b12x.comm.pcie import handshake, knobs
+from b12x.comm.pcie.declared import declare_plans
 from b12x.comm.pcie.invocation import FUSED, PLAIN
 from b12x.comm.pcie.knobs import (
     ENV_FUSED_MAX,
@@ -343,7 +344,8 @@ class AllReduce:
             self._declared = []
             self._index.clear()
             return
-        routed, declined = prepare_declarations(
+        routed, declined = declare_plans(
+            self._index,
             invocations,
             self.world_size,
             self.limits,
@@ -352,13 +354,17 @@ class AllReduce:
         )
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
-        self._index.rebuild(routed)
         self._declared = routed
 
     @property
     def declared_plans(self) -> list[tuple[Declaration, AllReducePlan]]:
         """(invocation, plan) of every routed declaration, in declaration order."""
         return list(self._declared)
+
+    @property
+    def index(self) -> DeclaredPlanIndex:
+        """The index of the declared plans (what :meth:`admit` looks calls up in)."""
+        return self._index
 
     def admit(
         self,
@@ -367,20 +373,22 @@ class AllReduce:
         weight: torch.Tensor | None = None,
         epsilon: float | None = None,
         residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> AllReducePlan | None:
         """The declared plan if this call runs here, else None; never raises.
 
         One Rust call: the exact-key lookup (operation, shape, dtype, address
         strides; for :data:`FUSED` the weight's identity and epsilon), then
         what the key cannot fix and the launch would refuse: device, 16-byte
-        alignment, and for :data:`FUSED` the ``residual`` and ``weight`` of the
-        in-place call (``out=inp``, ``residual_out=residual``). Pass the plan
-        on as ``plan=`` so the call does not look it up again.
+        alignment, and for :data:`FUSED` the ``residual``, ``weight`` and
+        ``out`` of the call (``residual_out=residual``; ``out`` None: in
+        place, ``out=inp``). Pass the plan on as ``plan=`` so the call does
+        not look it up again.
         """
         rt = self._rt
         if not self.enabled or rt is None:
             return None
-        return rt.admit(self._index, inp, operation, weight, epsilon, residual)
+        return rt.admit(self._index, inp, operation, weight, epsilon, residual, out)
 
     def has_plan_for(
         self,

@@ -7,8 +7,9 @@ up lazily (:mod:`b12x.integration.vllm._hooks`) when a model calls them.
   reuse through the library's plan cache, fresh workspace views per call,
   profile-workspace reservation, per-request prefill chunks, device-side
   active width.
-* :class:`PcieAllReduce`: describers, routing, the declared-plan index,
-  admission, fused all-reduce + add + RMSNorm, CUDA-graph capture.
+* :class:`PcieAllReduce`: describers whose declarations go to the runtime's
+  declared plans, one-call admission, fused all-reduce + add + RMSNorm,
+  CUDA-graph capture.
 
 Inside a real vLLM: :mod:`.plugin` (the ``vllm.general_plugins`` entry point
 and its switch ``B12X_VLLM``), :mod:`.communicator` (b12x in vLLM's custom

@@ -11,26 +11,29 @@ to the next backend (NCCL):
    replaces its describer. :meth:`PcieAllReduce.prepare` collects every
    declaration (duplicate names are an error) and hands them to the runtime
    (:class:`b12x.comm.pcie.AllReduce`), which routes each one by size
-   (one-shot, fused one-shot, two-shot, or none) and prepares one plan per
-   distinct declaration. The adapter indexes the routed ones in a
-   :class:`b12x.comm.pcie.DeclaredPlanIndex`, rebuilt as one snapshot.
-2. **Admit.** :meth:`should_custom_ar` / :meth:`try_fused_add_rms_norm` look the
-   live tensor up by (operation, shape, dtype, address strides, norm weight
-   identity and epsilon), then check what the key cannot fix (device,
-   16-byte address); anything else declines.
-3. **Run** through the runtime on torch's current stream (the capture stream
-   inside a CUDA graph capture).
+   (one-shot, fused one-shot, two-shot, or none), prepares one plan per
+   distinct declaration and indexes them. The adapter keeps no index of its
+   own.
+2. **Admit.** :meth:`admit` (behind :meth:`should_custom_ar` and
+   :meth:`try_fused_add_rms_norm`) is one call into the runtime's Rust
+   admission: the exact-key lookup (operation, shape, dtype, address
+   strides, norm weight identity and epsilon), then what the key cannot fix
+   (device, 16-byte addresses, the fused call's other operands); anything
+   else declines.
+3. **Run** the admitted plan (``plan=``) through the runtime on torch's
+   current stream (the capture stream inside a CUDA graph capture).
 
 Inside vLLM, :class:`~b12x.integration.vllm.communicator.B12xCustomAllreduce`
 builds this adapter from vLLM's own call and registers a describer derived from
 the vLLM config (:mod:`b12x.integration.vllm.declarations`), so nothing in the
 model declares anything.
 
-Routing limits are the runtime's (:class:`b12x.comm.pcie.allreduce.Limits`,
-from the ``VLLM_PCIE_*`` environment knobs unless given). Without a runtime
-(no process group, CPU only) declarations are still routed with those limits
-and indexed, so :meth:`has_plan_for` answers, but nothing executes and every
-admission declines.
+Routing limits are the runtime's (:class:`b12x.comm.pcie.Limits`, from the
+``VLLM_PCIE_*`` environment knobs unless given). Without a live runtime (no
+process group, CPU only, or one that disabled itself) declarations go to a
+:class:`b12x.comm.pcie.DeclaredPlans` under those limits instead, the same
+routing and index, so :meth:`has_plan_for` answers, but nothing executes and
+every admission declines.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ from typing import Any
 
 import torch
 
-from b12x.errors import ConfigError, UndeclaredPlanError
+from b12x.comm.pcie import FUSED, PLAIN, AllReduce, AllReducePlan, DeclaredPlans, Limits
+from b12x.errors import ConfigError
 
 __all__ = [
     "FUSED",
@@ -56,10 +60,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-PLAIN = "all_reduce"
-FUSED = "all_reduce_fused_add_rms_norm"
-
 
 _logged: set[str] = set()
 
@@ -72,23 +72,9 @@ def _log_once(level: int, message: str, *args: Any) -> None:
         logger.log(level, text)
 
 
-def _pcie() -> Any:
-    """``b12x.comm.pcie`` (Invocation, DeclaredPlanIndex, AllReduce); tests swap it."""
-    from b12x.comm import pcie
-
-    return pcie
-
-
-def _runtime_module() -> Any:
-    """``b12x.comm.pcie.allreduce`` (Limits, route); tests swap it."""
-    from b12x.comm.pcie import allreduce
-
-    return allreduce
-
-
 def _build_runtime(group: Any, device: Any, limits: Any) -> Any:
     """Builds the IPC runtime collectively over ``group`` (every rank calls this)."""
-    return _pcie().AllReduce(group, device=device, limits=limits)
+    return AllReduce(group, device=device, limits=limits)
 
 
 # --- the fused fallback ---------------------------------------------------------------
@@ -126,13 +112,13 @@ def register_collective_describer(
 
 
 class PcieAllReduce:
-    """vLLM-facing all-reduce over the b12x IPC runtime, with a declared-plan index.
+    """vLLM-facing all-reduce over the b12x IPC runtime and its declared plans.
 
     Parameters
     ----------
     group
         The TP group's process group; the runtime is built collectively over
-        it. None: no runtime (index only).
+        it. None: no runtime (routing only).
     device
         This rank's CUDA device.
     world_size
@@ -140,7 +126,7 @@ class PcieAllReduce:
     runtime
         An already-built runtime to use instead of building one.
     limits
-        Route byte ceilings (:class:`b12x.comm.pcie.allreduce.Limits`); default
+        Route byte ceilings (:class:`b12x.comm.pcie.Limits`); default
         ``Limits.from_env(env)``.
     env
         Where the limits are read from (default ``os.environ``).
@@ -164,7 +150,7 @@ class PcieAllReduce:
         if self.device is not None and self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         if limits is None and runtime is None:
-            limits = _runtime_module().Limits.from_env(env)
+            limits = Limits.from_env(env)
         if world_size is None:
             if runtime is not None:
                 world_size = int(runtime.world_size)
@@ -175,10 +161,6 @@ class PcieAllReduce:
         self.world_size = world_size
         self.limits = limits if limits is not None else getattr(runtime, "limits", None)
         self._describers: list[list[Any]] = []
-        self._invocations: dict[str, Any] = {}
-        self._plans: dict[str, Any] = {}
-        self._routes: dict[str, str] = {}
-        self._index: Any = None
         self._capturing = False
         if runtime is None and group is not None:
             try:
@@ -194,6 +176,12 @@ class PcieAllReduce:
                 "b12x PCIe all-reduce disabled: %s",
                 getattr(runtime, "disabled_reason", None),
             )
+        # Where declarations go and admissions are made: the live runtime
+        # itself, else a routing-only set under the same limits.
+        self._declared: Any = runtime if not self.disabled else self._routing_only()
+
+    def _routing_only(self) -> DeclaredPlans:
+        return DeclaredPlans(self.world_size, self.limits)
 
     # --- describers and declaration ------------------------------------------------------
 
@@ -251,39 +239,37 @@ class PcieAllReduce:
         if getattr(workload, "stage", "weights") != "weights":
             return {}
         self.declare(self.collect(workload))
-        return dict(self._routes)
+        return self._routes
 
     def declare(self, invocations: Sequence[Any]) -> None:
-        """Routes ``invocations``, prepares plans and replaces the index snapshot.
+        """Hands ``invocations`` to the runtime, which routes them, prepares
+        plans (equal declarations share one) and replaces its index snapshot.
+        Without a live runtime they are routed the same way and indexed, for
+        :meth:`has_plan_for`."""
+        self._declared.declare(list(invocations))
 
-        With a runtime, it routes and prepares (equal declarations share one
-        plan). Without one, the plan of a routed declaration is its route name.
-        """
-        invocations = list(invocations)
-        if self.runtime is not None and not self.disabled:
-            self.runtime.declare(invocations)
-            pairs = [(inv, plan, plan.route) for inv, plan in self.runtime.declared_plans]
-        else:
-            if self.limits is None:
-                raise ConfigError("PcieAllReduce.declare: limits expected, got None")
-            route = _runtime_module().route
-            pairs = []
-            for inv in invocations:
-                shape = tuple(inv.shape)
-                strides = None if inv.strides is None else tuple(inv.strides)
-                name = route(inv.operation, shape, inv.dtype, strides, self.world_size, self.limits)
-                if name is not None:
-                    pairs.append((inv, name, name))
-        self._invocations = {inv.name: inv for inv, _, _ in pairs}
-        self._plans = {inv.name: plan for inv, plan, _ in pairs}
-        self._routes = {inv.name: route for inv, _, route in pairs}
-        self._index_declared_plans()
+    @property
+    def declared_plans(self) -> list[tuple[Any, AllReducePlan]]:
+        """(invocation, plan) of every routed declaration, in declaration order."""
+        return list(self._declared.declared_plans)
 
-    def _index_declared_plans(self) -> None:
-        """Rebuilds the index from ``_invocations`` / ``_plans``: first declaration wins."""
-        if self._index is None:
-            self._index = _pcie().DeclaredPlanIndex()
-        self._index.rebuild([(inv, self._plans[name]) for name, inv in self._invocations.items()])
+    # The declared plans by declaration name (the reference adapter's names).
+    @property
+    def _routes(self) -> dict[str, str]:
+        return {inv.name: plan.route for inv, plan in self._declared.declared_plans}
+
+    @property
+    def _plans(self) -> dict[str, Any]:
+        return {inv.name: plan for inv, plan in self._declared.declared_plans}
+
+    @property
+    def _invocations(self) -> dict[str, Any]:
+        return {inv.name: inv for inv, _ in self._declared.declared_plans}
+
+    @property
+    def _index(self) -> Any:
+        """The one index of the declared plans (the runtime's, if live)."""
+        return self._declared.index
 
     # --- lookups -------------------------------------------------------------------------
 
@@ -295,16 +281,7 @@ class PcieAllReduce:
         epsilon: float | None = None,
     ) -> bool:
         """Whether ``inp`` matches a declared, routed plan. Never raises."""
-        index = self._index
-        if index is not None and index.lookup(inp, operation, weight, epsilon) is not None:
-            return True
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "b12x PCIe all-reduce declines undeclared shape %s %s",
-                tuple(inp.shape),
-                inp.dtype,
-            )
-        return False
+        return self._declared.has_plan_for(inp, operation, weight, epsilon)
 
     def plan_for(
         self,
@@ -321,42 +298,49 @@ class PcieAllReduce:
             (a RuntimeError) If nothing matching was declared; the message
             names the operation, shape, dtype and strides.
         """
-        if self._index is None:
-            raise UndeclaredPlanError(
-                f"PcieAllReduce: no declared plan for {operation} on shape {tuple(inp.shape)} "
-                f"{inp.dtype} strides {tuple(inp.stride())}; declared: nothing"
-            )
-        return self._index.plan_for(inp, operation, weight, epsilon)
+        return self._declared.plan_for(inp, operation, weight, epsilon)
 
     _has_plan_for = has_plan_for  # the reference adapter's names
     _plan_for = plan_for
 
     # --- admission and dispatch ---------------------------------------------------------
 
-    def _admit(self, inp: torch.Tensor, operation: str, weight: Any, epsilon: Any) -> Any:
-        """The declared plan of this call if the fast path takes it, else None
-        (one index lookup; the plan goes on to the runtime, which does not look again)."""
-        index = self._index
-        if self.disabled or index is None:
-            return None
-        plan = index.lookup(inp, operation, weight, epsilon)
-        if plan is None:
-            return None
-        # The key fixes shape, dtype and strides; the device and address are live.
-        if inp.device != self.device or inp.data_ptr() % 16:
-            return None
+    def admit(
+        self,
+        inp: torch.Tensor,
+        operation: str = PLAIN,
+        weight: torch.Tensor | None = None,
+        epsilon: float | None = None,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+    ) -> Any:
+        """The declared plan of this call if it runs on b12x, else None; never raises.
+
+        One call into the runtime's admission (:meth:`b12x.comm.pcie.AllReduce.admit`):
+        the exact-key lookup, then device, 16-byte alignment and, for
+        :data:`FUSED`, ``residual``, ``weight`` and ``out`` (None: in place).
+        Pass the plan on (``plan=``) so the run does not look it up again.
+        """
+        plan: Any = self._declared.admit(inp, operation, weight, epsilon, residual, out)
         return plan
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
         """True when :meth:`custom_all_reduce` will take ``inp`` (declared, on a route)."""
-        return self._admit(inp, PLAIN, None, None) is not None
+        return self.admit(inp) is not None
 
-    def custom_all_reduce(self, inp: torch.Tensor) -> torch.Tensor | None:
-        """The all-reduced ``inp`` (a new tensor), or None to decline to the next backend."""
-        plan = self._admit(inp, PLAIN, None, None)
+    def custom_all_reduce(self, inp: torch.Tensor, *, plan: Any = None) -> torch.Tensor | None:
+        """The all-reduced ``inp`` (a new tensor), or None to decline to the next backend.
+
+        ``plan``: what :meth:`admit` returned for ``inp``, when the caller already
+        admitted it; None admits here.
+        """
+        runtime = self.runtime
         if plan is None:
+            plan = self.admit(inp)
+        if plan is None or runtime is None:
             return None
-        return self.runtime.all_reduce(inp, plan=plan)
+        out: torch.Tensor = runtime.all_reduce(inp, plan=plan)
+        return out
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """All-reduces ``inp`` on its declared plan into ``out`` (default: a new tensor).
@@ -370,7 +354,8 @@ class PcieAllReduce:
         if self.disabled:
             raise ConfigError("PcieAllReduce.all_reduce: runtime expected enabled, got disabled")
         plan = self.plan_for(inp)  # the precise error for an undeclared call
-        return self.runtime.all_reduce(inp, out, plan=plan)
+        result: torch.Tensor = self.runtime.all_reduce(inp, out, plan=plan)
+        return result
 
     def supports_fused_add_rms_norm(self) -> bool:
         """Whether fused calls can be offered at all (the probe vLLM code gates on).
@@ -395,31 +380,7 @@ class PcieAllReduce:
         in place; else a tensor like ``inp``, not aliasing it). On False
         nothing was touched and the caller runs its fallback.
         """
-        if self.disabled or inp.ndim == 0:
-            return False
-        if out is not None and (
-            out.shape != inp.shape
-            or out.dtype != inp.dtype
-            or out.device != inp.device
-            or not out.is_contiguous()
-            or out.data_ptr() % 16
-        ):
-            return False
-        if (
-            residual.shape != inp.shape
-            or residual.dtype != inp.dtype
-            or residual.device != inp.device
-            or not residual.is_contiguous()
-            or residual.data_ptr() % 16
-            or weight.ndim != 1
-            or weight.shape[0] != inp.shape[-1]
-            or weight.dtype != inp.dtype
-            or weight.device != inp.device
-            or not weight.is_contiguous()
-            or inp.data_ptr() == residual.data_ptr()
-        ):
-            return False
-        plan = self._admit(inp, FUSED, weight, epsilon)
+        plan = self.admit(inp, FUSED, weight, epsilon, residual, out)
         if plan is None:
             return False
         self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon, out, plan=plan)
@@ -456,7 +417,7 @@ class PcieAllReduce:
         vLLM has already set); kernels launch on it. The previous state comes
         back on exit, also when the body raises.
         """
-        if self.disabled or not self._plans:
+        if self.disabled or len(self._index) == 0:
             if not self.disabled:
                 _log_once(
                     logging.INFO,
@@ -481,9 +442,5 @@ class PcieAllReduce:
         if self.runtime is not None:
             self.runtime.close()
             self.runtime = None
-        self._invocations = {}
-        self._plans = {}
-        self._routes = {}
-        if self._index is not None:
-            self._index.clear()
         self.disabled = True
+        self._declared = self._routing_only()

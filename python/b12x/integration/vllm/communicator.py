@@ -58,6 +58,7 @@ class B12xCustomAllreduce:
 
     def __init__(self, group: Any, device: Any, *args: Any, **kwargs: Any) -> None:
         self._closed = True  # until fully built: a failed build has nothing of ours to close
+        self._admitted: tuple[torch.Tensor, Any] | None = None
         self._stock = _stock_class()(group, device, *args, **kwargs)
         self._auto: AutoDeclarations | None = None
         self.b12x = self._build_b12x(group, device)
@@ -114,10 +115,23 @@ class B12xCustomAllreduce:
     # --- what CudaCommunicator calls ----------------------------------------------------
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
-        return self.b12x.should_custom_ar(inp) or self._stock.should_custom_ar(inp)
+        """b12x's admission, else vLLM's own answer.
+
+        vLLM calls :meth:`custom_all_reduce` on the same tensor right after a
+        True, so the admission (b12x's plan, or None when vLLM's own takes it)
+        is kept for that call: one lookup per all-reduce.
+        """
+        plan = self.b12x.admit(inp)
+        if plan is None and not self._stock.should_custom_ar(inp):
+            self._admitted = None
+            return False
+        self._admitted = (inp, plan)
+        return True
 
     def custom_all_reduce(self, inp: torch.Tensor) -> torch.Tensor | None:
-        out = self.b12x.custom_all_reduce(inp)
+        admitted, self._admitted = self._admitted, None
+        plan = admitted[1] if admitted is not None and admitted[0] is inp else self.b12x.admit(inp)
+        out = None if plan is None else self.b12x.custom_all_reduce(inp, plan=plan)
         if out is not None:
             return out
         return self._stock.custom_all_reduce(inp)
@@ -181,6 +195,7 @@ class B12xCustomAllreduce:
             return
         self._closed = True
         self.disabled = True
+        self._admitted = None
         self.b12x.close()
         self._stock.close()
 

@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAX_NORMS", "AutoDeclarations", "ServingShapes"]
+from b12x.comm.pcie import FUSED, PLAIN, Invocation
 
-PLAIN = "all_reduce"
-FUSED = "all_reduce_fused_add_rms_norm"
+__all__ = ["MAX_NORMS", "AutoDeclarations", "ServingShapes"]
 
 # A model has about two RMSNorms per layer; past this many weights the fused
 # op declines instead of growing the declarations without bound.
@@ -78,11 +77,8 @@ class AutoDeclarations:
     """
 
     def __init__(self, shapes: ServingShapes, limits: Any) -> None:
-        from b12x.comm.pcie import Invocation
-
         self.shapes = shapes
         self.limits = limits
-        self._invocation = Invocation
         itemsize = torch.empty((), dtype=shapes.dtype).element_size()
         row = shapes.hidden_size * itemsize
         plain_max = max(limits.oneshot_max, limits.twoshot_max)
@@ -140,7 +136,7 @@ class AutoDeclarations:
         index = len(self._norms)
         counts = self.shapes.token_counts(hidden * weight.element_size(), self.limits.fused_max)
         invocations = [
-            self._invocation(
+            Invocation(
                 name=f"vllm.fused_add_rms_norm.{index}.m{n}",
                 operation=FUSED,
                 shape=(n, hidden),

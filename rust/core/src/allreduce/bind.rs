@@ -218,17 +218,19 @@ pub fn admit_plain(plan: &Plan, target: &Target, inp: &TensorMeta) -> Result<()>
     bind_plain(plan, target, inp, inp).map(|_| ())
 }
 
-/// Whether an in-place fused call (`out = inp`, `residual_out = residual`)
-/// would launch: the checks of [`bind_fused`].
+/// Whether a fused call with `residual_out = residual` into `out` (None: in
+/// place, `out = inp`) would launch: the checks of [`bind_fused`].
 pub fn admit_fused(
     plan: &Plan,
     target: &Target,
     inp: &TensorMeta,
     residual: &TensorMeta,
     weight: &TensorMeta,
+    out: Option<&TensorMeta>,
     eps: f64,
 ) -> Result<()> {
-    let ops = FusedOperands { inp, residual, weight, out: inp, residual_out: residual };
+    let out = out.unwrap_or(inp);
+    let ops = FusedOperands { inp, residual, weight, out, residual_out: residual };
     bind_fused(plan, target, &ops, eps).map(|_| ())
 }
 
@@ -332,7 +334,7 @@ mod tests {
         let t = target(false);
         let (inp, res, w) =
             (dense(&[4, 64], 0x1000), dense(&[4, 64], 0x2000), dense(&[64], 0x3000));
-        let l = admit_fused(&p, &t, &inp, &res, &w, 1e-6);
+        let l = admit_fused(&p, &t, &inp, &res, &w, None, 1e-6);
         assert!(l.is_ok());
         let ops =
             FusedOperands { inp: &inp, residual: &res, weight: &w, out: &inp, residual_out: &res };
@@ -343,18 +345,38 @@ mod tests {
             (4, 8, 64, 0x1000, 0x2000)
         );
         // residual == inp: out would alias residual_out
-        assert!(admit_fused(&p, &t, &inp, &inp, &w, 1e-6)
+        assert!(admit_fused(&p, &t, &inp, &inp, &w, None, 1e-6)
             .unwrap_err()
             .to_string()
             .contains("distinct"));
-        assert!(admit_fused(&p, &t, &inp, &res, &w, -1.0).is_err());
-        assert!(admit_fused(&p, &t, &inp, &res, &w, f64::NAN).is_err());
+        assert!(admit_fused(&p, &t, &inp, &res, &w, None, -1.0).is_err());
+        assert!(admit_fused(&p, &t, &inp, &res, &w, None, f64::NAN).is_err());
         let w_cpu = meta(DType::BF16, &[64], &[1], 0x3000, Device::Cpu);
-        let e = admit_fused(&p, &t, &inp, &res, &w_cpu, 1e-6).unwrap_err().to_string();
+        let e = admit_fused(&p, &t, &inp, &res, &w_cpu, None, 1e-6).unwrap_err().to_string();
         assert!(e.starts_with("AllReduce: weight expected device cuda:1"), "{e}");
-        let e = admit_fused(&p, &t, &inp, &res, &dense(&[32], 0x3000), 1e-6).unwrap_err();
+        let e = admit_fused(&p, &t, &inp, &res, &dense(&[32], 0x3000), None, 1e-6).unwrap_err();
         assert!(matches!(e, Error::Shape { .. }));
         let plain = plan(Operation::AllReduce, &[4, 64], false);
-        assert!(admit_fused(&plain, &t, &inp, &res, &w, 1e-6).is_err());
+        assert!(admit_fused(&plain, &t, &inp, &res, &w, None, 1e-6).is_err());
+    }
+
+    #[test]
+    fn a_separate_out_is_admitted_as_its_launch_checks_it() {
+        let p = plan(Operation::AllReduceFusedAddRmsNorm, &[4, 64], false);
+        let t = target(false);
+        let (inp, res, w) =
+            (dense(&[4, 64], 0x1000), dense(&[4, 64], 0x2000), dense(&[64], 0x3000));
+        assert!(admit_fused(&p, &t, &inp, &res, &w, Some(&dense(&[4, 64], 0x4000)), 1e-6).is_ok());
+        let cases = [
+            (meta(DType::F16, &[4, 64], &[64, 1], 0x4000, Device::Cuda(1)), "dtype"),
+            (meta(DType::BF16, &[4, 64], &[64, 1], 0x4000, Device::Cpu), "device"),
+            (dense(&[4, 64], 0x4008), "alignment"),
+            (meta(DType::BF16, &[4, 64], &[1, 4], 0x4000, Device::Cuda(1)), "row-major"),
+            (dense(&[4, 64], 0x2000), "distinct"), // out would alias residual_out
+        ];
+        for (out, what) in &cases {
+            let e = admit_fused(&p, &t, &inp, &res, &w, Some(out), 1e-6).unwrap_err().to_string();
+            assert!(e.contains("out expected") && e.contains(what), "{e}");
+        }
     }
 }

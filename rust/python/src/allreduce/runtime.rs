@@ -128,9 +128,13 @@ impl PyIpcAllReduce {
     /// One lookup in ``index`` (the key: operation, shape, dtype, address
     /// strides, norm weight identity and epsilon), then the checks a launch
     /// makes that the key cannot: device, 16-byte alignment, the runtime's
-    /// world and slot size; for the fused operation also ``residual`` (the
-    /// in-place call: out = inp, residual_out = residual) and ``weight``.
-    #[pyo3(signature = (index, tensor, operation=None, weight=None, epsilon=None, residual=None))]
+    /// world and slot size; for the fused operation also ``residual``
+    /// (residual_out = residual), ``weight`` and ``out`` (None: in place,
+    /// out = inp).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (
+        index, tensor, operation=None, weight=None, epsilon=None, residual=None, out=None
+    ))]
     fn admit(
         &self,
         index: &Bound<'_, PyDeclaredPlanIndex>,
@@ -139,6 +143,7 @@ impl PyIpcAllReduce {
         weight: Option<&Bound<'_, PyAny>>,
         epsilon: Option<&Bound<'_, PyAny>>,
         residual: Option<&Bound<'_, PyAny>>,
+        out: Option<&Bound<'_, PyAny>>,
     ) -> Option<Py<PyAny>> {
         let py = tensor.py();
         let target = self.target().ok()?;
@@ -151,8 +156,9 @@ impl PyIpcAllReduce {
             Operation::AllReduceFusedAddRmsNorm => {
                 let residual = Self::meta(residual?, "residual").ok()?;
                 let weight = Self::meta(weight?, "weight").ok()?;
+                let out = out.map(|o| Self::meta(o, "out")).transpose().ok()?;
                 let eps = epsilon?.extract::<f64>().ok()?;
-                ar::admit_fused(&plan, &target, &inp, &residual, &weight, eps)
+                ar::admit_fused(&plan, &target, &inp, &residual, &weight, out.as_ref(), eps)
             }
         };
         admitted.is_ok().then_some(found)
