@@ -181,7 +181,8 @@ class PcieAllReduce:
         self._declared: Any = runtime if not self.disabled else self._routing_only()
 
     def _routing_only(self) -> DeclaredPlans:
-        return DeclaredPlans(self.world_size, self.limits)
+        limits = self.limits if self.limits is not None else Limits()
+        return DeclaredPlans(self.world_size, limits)
 
     # --- describers and declaration ------------------------------------------------------
 
@@ -191,13 +192,14 @@ class PcieAllReduce:
         A bound method of ``owner`` is held weakly too, so registering never
         keeps a layer alive. Dead owners are dropped at the next :meth:`prepare`.
         """
+        held: object = describe
         if inspect.ismethod(describe) and describe.__self__ is owner:
-            describe = weakref.WeakMethod(describe)
+            held = weakref.WeakMethod(describe)
         for entry in self._describers:
             if entry[0]() is owner:
-                entry[1] = describe
+                entry[1] = held
                 return
-        self._describers.append([weakref.ref(owner), describe])
+        self._describers.append([weakref.ref(owner), held])
 
     def _live_describers(self) -> list[Callable[[Any], Sequence[Any]]]:
         live, kept = [], []

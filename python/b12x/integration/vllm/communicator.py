@@ -180,7 +180,12 @@ class B12xCustomAllreduce:
         if auto is None or not self.b12x.supports_fused_add_rms_norm():
             return False
         declared, _ = auto.norm(weight, epsilon)
-        if declared is None or inp.numel() * inp.element_size() > self.b12x.limits.fused_max:
+        limits = self.b12x.limits
+        if (
+            declared is None
+            or limits is None
+            or inp.numel() * inp.element_size() > limits.fused_max
+        ):
             return False
         if auto.pending:
             self.b12x.prepare()
@@ -238,7 +243,7 @@ def install() -> bool:
     global _stock
     import importlib
 
-    module = importlib.import_module(_SLOT_MODULE)
+    module: Any = importlib.import_module(_SLOT_MODULE)
     if module.CustomAllreduce is not B12xCustomAllreduce:
         _stock = module.CustomAllreduce
         module.CustomAllreduce = B12xCustomAllreduce
@@ -253,7 +258,8 @@ def uninstall() -> None:
         return
     import importlib
 
-    importlib.import_module(_SLOT_MODULE).CustomAllreduce = _stock
+    module: Any = importlib.import_module(_SLOT_MODULE)
+    module.CustomAllreduce = _stock
     _stock = None
 
 

@@ -46,7 +46,9 @@ def fused_all_reduce_add_rms_norm(
 
 
 @fused_all_reduce_add_rms_norm.register_fake
-def _(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float):
+def _(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, epsilon: float
+) -> torch.Tensor:
     return torch.empty_like(x)
 
 

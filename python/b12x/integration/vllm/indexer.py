@@ -30,7 +30,7 @@ or ``TypeError``) where the reference adapter raised ``RuntimeError``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -295,7 +295,7 @@ class C4SparseIndexer(torch.nn.Module):
     def _device_active_width(self, cache_lengths: Any, width: int) -> torch.Tensor:
         # Checked here because amax(out=int32) would raise torch's own error first.
         op = "C4SparseIndexer"
-        buf = self._active_width
+        buf = cast(torch.Tensor, self._active_width)  # a registered buffer
         if not isinstance(cache_lengths, torch.Tensor):
             raise NotATensorError(
                 f"{op}: cache_lengths expected an int32 tensor, got {type(cache_lengths).__name__}"
