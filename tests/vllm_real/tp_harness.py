@@ -82,7 +82,7 @@ def _serve(rank: int, world_size: int, init: str, conn: Any, here: str) -> None:
     """One rank: vLLM's distributed state, then scenarios until told to stop."""
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     sys.path.insert(0, here)
-    sys.path.insert(1, str(Path(here).parent))  # tests/: vllm_fakes
+    sys.path.insert(1, str(Path(here).parent / "support"))  # vllm_fakes
     try:
         import tp_scenarios
 

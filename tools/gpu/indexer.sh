@@ -4,8 +4,8 @@
 #   tools/gpu/indexer.sh [WHEEL]
 source "$(dirname "$0")/common.sh" "$@"
 TAIL=12 step pytest_indexer 240 bash -c \
-  'cd tests && python3 -m pytest -q -p no:cacheprovider -ra test_dsa_indexer_gpu.py test_dsa_indexer_run.py'
-step memcheck 120 compute-sanitizer --tool memcheck python3 tests/indexer_memcheck_case.py
+  'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
+step memcheck 120 compute-sanitizer --tool memcheck python3 tests/indexer/indexer_memcheck_case.py
 TAIL=12 step bench_indexer 240 b12x bench indexer --flavor-arms "${FLAVOR_ARMS:-f16}" \
   --json "$RESULTS/indexer.json"
 step ncu 150 ncu --clock-control none --kernel-name regex:b12x_indexer \

@@ -23,7 +23,7 @@ fi
 if has pytest; then
   echo "== pytest (indexer GPU tests on the wheel) @${SECONDS}s"
   (cd $TESTS && timeout ${PYTEST_TIMEOUT:-60} python3 -m pytest -q -p no:cacheprovider -ra \
-    --maxfail=5 test_dsa_indexer_gpu.py test_dsa_indexer_run.py test_cli.py \
+    --maxfail=5 indexer/test_dsa_indexer_gpu.py indexer/test_dsa_indexer_run.py cli/test_cli.py \
     > $OUT/pytest.txt 2>&1; echo "pytest rc=$?" >> $OUT/pytest.txt)
   grep -E "passed|failed|FAILED|^E |rc=" $OUT/pytest.txt | cut -c1-300 | head -12
 fi
@@ -49,7 +49,7 @@ if has bench; then
 fi
 if has memcheck; then
   echo "== memcheck @${SECONDS}s"
-  timeout 40 compute-sanitizer --tool memcheck python3 $TESTS/indexer_memcheck_case.py \
+  timeout 40 compute-sanitizer --tool memcheck python3 $TESTS/indexer/indexer_memcheck_case.py \
     > $OUT/memcheck.txt 2>&1
   echo "memcheck rc=$?"; tail -2 $OUT/memcheck.txt
 fi

@@ -1,6 +1,6 @@
 """A small indexer case for `compute-sanitizer --tool memcheck` (not a pytest module).
 
-    compute-sanitizer --tool memcheck python tests/indexer_memcheck_case.py
+    compute-sanitizer --tool memcheck python tests/indexer/indexer_memcheck_case.py
 
 Runs decode (one and several chunks, two-stage top-k, physical output, an
 unmapped page, a partial last page, len 0) and shared-table prefill through

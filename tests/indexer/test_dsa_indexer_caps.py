@@ -95,7 +95,7 @@ def test_device_forms(device, expected):
     ],
 )
 def test_cuda_device_forms(device, expected):
-    # a CUDA device must exist (tests/test_caps_strict.py has the refusals)
+    # a CUDA device must exist (tests/indexer/test_caps_strict.py has the refusals)
     expected = expected or torch.device("cuda", torch.cuda.current_device())
     assert caps(device=device).device == expected
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import b12x
 from b12x import errors
 
-ERROR_RS = Path(__file__).resolve().parents[1] / "rust" / "python" / "src" / "error.rs"
+ERROR_RS = Path(__file__).resolve().parents[2] / "rust" / "python" / "src" / "error.rs"
 
 
 def test_every_listed_name_is_a_b12x_error_and_reexported():
