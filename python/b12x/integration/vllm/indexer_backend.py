@@ -93,12 +93,10 @@ class B12xIndexerMetadataBuilder(DeepseekV32IndexerMetadataBuilder):
         ]
 
 
-class B12xDeepseekV4IndexerBackend(DeepseekV4IndexerBackend):
-    """DeepSeek V4's indexer backend with b12x's metadata builder.
-
-    No PCP, and host query lengths must match the device's: b12x declines
-    configs with context parallelism or adaptive verification.
-    """
+class _B12xBackend:
+    """What b12x's indexer backends change in vLLM's: b12x's metadata builder,
+    no PCP, and host query lengths that match the device's (b12x declines
+    configs with context parallelism or adaptive verification)."""
 
     @classmethod
     def supports_pcp(cls) -> bool:
@@ -107,35 +105,26 @@ class B12xDeepseekV4IndexerBackend(DeepseekV4IndexerBackend):
     @classmethod
     def supports_device_cpu_query_lens_mismatch(cls) -> bool:
         return False
+
+    @staticmethod
+    def get_builder_cls() -> type[B12xIndexerMetadataBuilder]:
+        return B12xIndexerMetadataBuilder
+
+
+class B12xDeepseekV4IndexerBackend(_B12xBackend, DeepseekV4IndexerBackend):
+    """DeepSeek V4's indexer backend with b12x's metadata builder."""
 
     @staticmethod
     def get_name() -> str:
         return "DEEPSEEK_V4_B12X_INDEXER"
 
-    @staticmethod
-    def get_builder_cls() -> type[B12xIndexerMetadataBuilder]:
-        return B12xIndexerMetadataBuilder
 
-
-class B12xDeepseekV32IndexerBackend(DeepseekV32IndexerBackend):
-    """DeepSeek V3.2's indexer backend with b12x's metadata builder (no PCP,
-    no host/device query-length mismatch, as for V4)."""
-
-    @classmethod
-    def supports_pcp(cls) -> bool:
-        return False
-
-    @classmethod
-    def supports_device_cpu_query_lens_mismatch(cls) -> bool:
-        return False
+class B12xDeepseekV32IndexerBackend(_B12xBackend, DeepseekV32IndexerBackend):
+    """DeepSeek V3.2's indexer backend with b12x's metadata builder."""
 
     @staticmethod
     def get_name() -> str:
         return "DEEPSEEK_V32_B12X_INDEXER"
-
-    @staticmethod
-    def get_builder_cls() -> type[B12xIndexerMetadataBuilder]:
-        return B12xIndexerMetadataBuilder
 
 
 class B12xDeepseekV4IndexerCache(DeepseekV4IndexerCache):
