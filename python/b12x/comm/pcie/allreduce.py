@@ -259,7 +259,6 @@ class AllReduce:
         self.disabled_reason: str | None = None
         self._rt: _core.IpcAllReduce | None = None
         self._index = DeclaredPlanIndex()
-        self._declared: list[tuple[Declaration, AllReducePlan]] = []
         self._closed = False
 
         # 1. arguments and knobs, read before any collective; a bad one fails
@@ -341,10 +340,9 @@ class AllReduce:
         """
         invocations = list(invocations)
         if not self.enabled or self._rt is None:
-            self._declared = []
             self._index.clear()
             return
-        routed, declined = declare_plans(
+        _, declined = declare_plans(
             self._index,
             invocations,
             self.world_size,
@@ -354,12 +352,12 @@ class AllReduce:
         )
         for inv, why in declined:
             log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
-        self._declared = routed
 
     @property
     def declared_plans(self) -> list[tuple[Declaration, AllReducePlan]]:
         """(invocation, plan) of every routed declaration, in declaration order."""
-        return list(self._declared)
+        pairs: list[tuple[Declaration, AllReducePlan]] = self._index.declared()
+        return pairs
 
     @property
     def index(self) -> DeclaredPlanIndex:
@@ -479,7 +477,7 @@ class AllReduce:
     def capture(self) -> Iterator[None]:
         """Scope of a CUDA graph capture on the caller's stream. Refuses to
         start without declared plans; a no-op when the runtime is disabled."""
-        if self.enabled and not self._declared:
+        if self.enabled and len(self._index) == 0:
             raise UndeclaredPlanError(
                 "PCIe capture requires a declared native preparation plan: call declare() first"
             )
@@ -511,7 +509,6 @@ class AllReduce:
         was_enabled = self.enabled
         self.enabled = False
         self.disabled_reason = self.disabled_reason or "closed"
-        self._declared = []
         self._index.clear()
         rt, self._rt = self._rt, None
         if rt is not None:
