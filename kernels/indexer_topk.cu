@@ -64,8 +64,6 @@ struct TopkParams {
     u32 pages;      // pages of the K cache, min(shape[0], 2^31)
     u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
     u32 hit_cap;    // positions the staged path may list at or above its threshold
-    u32 staged_variant;  // STAGED_V21 / STAGED_V1 / STAGED_V1W / STAGED_V1H: how the stage is counted
-    u32 pad_;
 };
 
 // ---------------------------------------------------------------- keys
@@ -685,52 +683,23 @@ __device__ __forceinline__ u32 log2_pow2(u32 x) { return (u32)(__ffs((int)x) - 1
 
 // ---------------------------------------------------------------- staged path
 //
-// The fast path of every kernel below: the candidates are read from global
+// The fast path of the fold kernels: the candidates are read from global
 // memory once and staged in shared memory (raw fp32 bits, or the top 16 bits of
-// their keys where shared memory is short), while one in eight of them, spread
-// over the four lanes of a float4, is counted in a 4096-bin histogram of the top
-// 12 key bits. The sample's bin at rank ~1.5 k/8 + 16 gives a threshold t that
-// at least k candidates pass with overwhelming probability; one scan of the
-// stage then counts the candidates at or above t in the same histogram and
-// lists their positions (about 2k of them). Its bin b0 holding the k-th key
-// splits them: keys above b0 are in, and b0's keys (a few hundred) are refined
-// on the 64-bit key (value key << 32 | ~index) with the radix path's 12/8-bit
-// digits. If fewer than k pass t, or too many for the list, one scan counts
-// every staged key instead. What the staged path cannot decide exactly --
-// fewer than k numbers, +inf or a positive NaN present, a stage too small --
-// goes to the general paths above, out of line (same results, slower).
-//
-// How the stage is counted is chosen per launch (TopkParams.staged_variant;
-// the launcher's default is TOPK_STAGED_VARIANT in rust/cuda/src/indexer.rs):
-//   STAGED_V21  the sample above, then the list scan (the shipped path);
-//   STAGED_V1   every staged key counted during the read, b0 found from that
-//               histogram, one list scan at or above b0 (no sample, no second
-//               count; plain shared atomics);
-//   STAGED_V1W  STAGED_V1 with warp-aggregated increments (__match_any_sync per
-//               bin, the leader adds the count): roughly normal logits put
-//               their top 12 key bits in a few dozen bins, where plain
-//               atomics of one warp serialize on the same address;
-//   STAGED_V1H  STAGED_V1 on half bins: the top 12 bits of the key of the value
-//               rounded to fp16 (64 bins per octave instead of 8, monotone in
-//               the key), so a warp's increments rarely share a bin and b0
-//               holds ~8x fewer keys, ranked directly when few.
-// The list, the refinement of b0 and the output are the same code for all.
+// their keys where shared memory is short) while every one is counted in a
+// 4096-bin histogram of the top 12 key bits. The bin b0 holding the k-th key
+// comes from that histogram; one scan of the stage lists the positions at or
+// above b0. Keys above b0 are in, and b0's keys (a few hundred) are refined on
+// the 64-bit key (value key << 32 | ~index) with the radix path's 12/8-bit
+// digits. What the staged path cannot decide exactly -- fewer than k numbers,
+// +inf or a positive NaN present, a list or stage too small -- goes to the
+// general paths above, out of line (same results, slower). Variants measured
+// and dropped (a 1/8 sample for the threshold, warp-aggregated increments,
+// fp16-value bins): bench-results/h200/topk-notes.md, round 3.
 
 #define STAGED_BINS 4096u
 #define STAGED_HIT_MAX 8192u
 #define STAGED_FIRST_NUMBER_BIN 8u       // bins below: negative NaNs, non-candidates
 #define STAGED_FIRST_SPECIAL_BIN 0xff8u  // +inf, positive NaNs
-// Half bins: 0 for non-numbers, -inf in 0x3f, 0xfc0 and up +inf, values past
-// fp16's range (+-65520 and beyond) and positive NaNs.
-#define STAGED_HALF_FIRST_NUMBER_BIN 1u
-#define STAGED_HALF_FIRST_SPECIAL_BIN 0xfc0u
-#define STAGED_RANK_MAX 128u  // half bins: b0 ranked directly up to this many keys
-
-// TopkParams.staged_variant (mirrored by TopkVariant in rust/cuda/src/indexer.rs)
-#define STAGED_V21 0u
-#define STAGED_V1 1u
-#define STAGED_V1W 2u
-#define STAGED_V1H 3u
 
 // Order-preserving key: +x -> bits | 2^31, -x -> -bits (mod 2^32), so -0 and +0
 // share 0x80000000, -inf -> 0x00800000, +inf -> 0xff800000. Positive NaNs land
@@ -755,49 +724,8 @@ __device__ __forceinline__ u32 staged_bits_of_key(u32 k) {
     return k >= 0x80000000u ? k ^ 0x80000000u : 0u - k;
 }
 
-// 16-bit code of raw bits whose top 12 bits are the histogram bin: the key's
-// top 16 bits (float bins), or the key of the value rounded to fp16 (half
-// bins: -0 as +0, non-numbers 0, positive NaNs 0xffff). Both are monotone in
-// the key, so a bin's keys lie between its neighbours'.
-template <bool kHalf>
-__device__ __forceinline__ u32 staged_code16(u32 bits) {
-    if (!kHalf) return staged_prefix(bits);
-    const u32 k = staged_key(bits);
-    const u32 z = (bits << 1) == 0u ? 0u : bits;
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(__uint_as_float(z)));
-    const u32 hk = (u32)h ^ (((u32)h & 0x8000u) ? 0xffffu : 0x8000u);
-    return k < STAGED_KEY_NEG_INF ? 0u : (k > STAGED_KEY_POS_INF ? 0xffffu : hk);
-}
-
-template <bool kHalf>
-__device__ __forceinline__ u32 staged_bin(u32 bits) {
-    return staged_code16<kHalf>(bits) >> 4;
-}
-
-// The lowest key whose bin is b or above (b a number's bin below the special
-// ones), searched by each warp (32 probes a round, seven rounds): the bins
-// are monotone in the key.
-template <bool kHalf>
-__device__ __forceinline__ u32 staged_bin_floor_key(u32 b) {
-    if (!kHalf) return b << 20;
-    const u32 lane = threadIdx.x & 31;
-    u32 lo = STAGED_KEY_NEG_INF, hi = STAGED_KEY_POS_INF;  // bin(hi) >= b
-    while (lo < hi) {
-        const u32 step = (hi - lo) / 32u + 1u;
-        const u32 probe = (u32)min((u64)lo + (u64)lane * step, (u64)hi);
-        const u32 ok = __ballot_sync(0xffffffffu, staged_bin<true>(staged_bits_of_key(probe)) >= b);
-        if (ok & 1u) {
-            hi = lo;
-        } else {
-            const u32 f = ok != 0 ? (u32)__ffs((int)ok) - 1 : 32u;
-            const u32 below = (u32)min((u64)lo + (u64)(f - 1) * step, (u64)hi);
-            lo = below + 1u;
-            if (f < 32u) hi = (u32)min((u64)lo - 1u + step, (u64)hi);
-        }
-    }
-    return lo;
-}
+// The histogram bin of raw bits: the top 12 bits of their key.
+__device__ __forceinline__ u32 staged_bin(u32 bits) { return staged_prefix(bits) >> 4; }
 
 struct StagedSmem {
     u32 hist[STAGED_BINS];
@@ -924,64 +852,10 @@ struct StagedDense {
     }
 };
 
-// carry + the slices' partial lists (slot e of slice s is live when e < slice_count(s)).
-struct StagedMerge {
-    const float* cv;
-    const i32* ci;
-    u32 nh;
-    const float* pv;
-    const i32* pi;
-    u32 topk_shift;
-    u32 slices;
-    u32 slice_len;
-    u32 n_chunk;
-    __device__ __forceinline__ u32 n_head() const { return nh; }
-    __device__ __forceinline__ u32 head_pad() const { return (nh + 3u) & ~3u; }
-    __device__ __forceinline__ float head(u32 i) const { return cv[i]; }
-    __device__ __forceinline__ u32 n_groups() const { return (slices << topk_shift) / 4u; }
-    __device__ __forceinline__ float4 group(u32 g) const {
-        return __ldcg(reinterpret_cast<const float4*>(pv) + g);
-    }
-    __device__ __forceinline__ bool valid(u32 j) const {
-        const u32 s = j >> topk_shift;
-        const u32 start = s * slice_len;
-        const u32 len = n_chunk > start ? min(n_chunk - start, slice_len) : 0u;
-        return (j & ((1u << topk_shift) - 1u)) < min(len, 1u << topk_shift);
-    }
-    __device__ __forceinline__ float value_at(u32 pos) const {
-        const u32 hp = head_pad();
-        return pos < hp ? cv[pos] : __ldcg(pv + (pos - hp));
-    }
-    __device__ __forceinline__ u32 index_at(u32 pos) const {
-        const u32 hp = head_pad();
-        return (u32)(pos < hp ? ci[pos] : __ldcg(pi + (pos - hp)));
-    }
-};
-
-// How staged_load counts: the v2.1 sample, every key, every key with
-// warp-aggregated increments.
-enum StagedCount { kCountSample, kCountAll, kCountWarp };
-
-// Adds one key to its bin when ok; every lane of the warp calls it together.
-template <int kCount>
-__device__ __forceinline__ void staged_hist_add(StagedSmem& sm, bool ok, u32 bin) {
-    if (kCount == kCountWarp) {
-        const u32 active = __ballot_sync(0xffffffffu, ok);
-        if (ok) {
-            const u32 peers = __match_any_sync(active, bin);
-            if ((threadIdx.x & 31) == (u32)__ffs((int)peers) - 1)
-                atomicAdd(&sm.hist[bin], (u32)__popc(peers));
-        }
-    } else if (ok) {
-        atomicAdd(&sm.hist[bin], 1u);
-    }
-}
-
-// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, code 0)
-// and count them into the histogram (the v2.1 sample, or every key outside
-// bin 0, which holds no number). U float4 groups per thread in flight. The
-// loops' trip counts are the same for every lane (warp collectives in the count).
-template <int U, bool kRaw, int kCount, bool kHalf, class Src>
+// Pass 1: stage every candidate (padding as IDX_NOT_CANDIDATE_BITS, prefix 0)
+// and count every key outside bin 0 (which holds no number) into the
+// histogram. U float4 groups per thread in flight.
+template <int U, bool kRaw, class Src>
 __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
     const u32 t = threadIdx.x;
@@ -998,17 +872,14 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
     for (u32 base = 0; base < hp; base += TOPK_THREADS) {
         const u32 i = base + t;
         const u32 bits = i < nh ? __float_as_uint(src.head(i)) : IDX_NOT_CANDIDATE_BITS;
-        const u32 code = staged_code16<kHalf>(bits);
+        const u32 code = staged_prefix(bits);
         if (i < hp) {
             if (kRaw)
                 st32[i] = bits;
             else
                 st16[i] = (u16)code;
         }
-        if (kCount == kCountSample)
-            staged_hist_add<kCount>(sm, i < nh && (i & 7u) == 0, code >> 4);
-        else
-            staged_hist_add<kCount>(sm, (code >> 4) != 0, code >> 4);
+        if ((code >> 4) != 0) atomicAdd(&sm.hist[code >> 4], 1u);
     }
     const u32 ng = src.n_groups();
     for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
@@ -1038,7 +909,7 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
             }
             u32 c[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) c[j] = staged_code16<kHalf>(b[j]);
+            for (int j = 0; j < 4; ++j) c[j] = staged_prefix(b[j]);
             if (in) {
                 if (kRaw)
                     reinterpret_cast<uint4*>(st32 + hp)[g] = make_uint4(b[0], b[1], b[2], b[3]);
@@ -1046,15 +917,9 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
                     reinterpret_cast<uint2*>(st16 + hp)[g] =
                         make_uint2(c[0] | (c[1] << 16), c[2] | (c[3] << 16));
             }
-            if (kCount == kCountSample) {
-                if (in && (g & 1u) == 0) {  // the sample: lane (g / 2) % 4 of every other group
-                    const u32 s = pick4(b, (int)((g >> 1) & 3u));
-                    if (s != IDX_NOT_CANDIDATE_BITS) atomicAdd(&sm.hist[staged_prefix(s) >> 4], 1u);
-                }
-            } else {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) staged_hist_add<kCount>(sm, (c[j] >> 4) != 0, c[j] >> 4);
-            }
+            for (int j = 0; j < 4; ++j)
+                if ((c[j] >> 4) != 0) atomicAdd(&sm.hist[c[j] >> 4], 1u);
         }
     }
     __syncthreads();
@@ -1063,12 +928,12 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
 // Lists the staged positions whose key is in bin `bin` or above (raw stage: a
 // float compare against the bin's lowest value, so NaNs never list; prefix
 // stage: the 16-bit code). The list stops at hit_cap; n_hits keeps counting.
-template <bool kRaw, bool kHalf>
+template <bool kRaw>
 __device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32 bin) {
     StagedSmem& sm = *l.sm;
     const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
     // bin is a number's (>= the first number bin): tf is a number
-    const float tf = __uint_as_float(staged_bits_of_key(staged_bin_floor_key<kHalf>(bin)));
+    const float tf = __uint_as_float(staged_bits_of_key(bin << 20));
     const u32 pt = bin << 4;
     const u32 nq = npos / 4;
     for (u32 base = 0; base < nq; base += TOPK_THREADS) {
@@ -1111,135 +976,36 @@ __device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32
     __syncthreads();
 }
 
-// Counts the listed positions' bins (the list must be complete).
-template <bool kRaw>
-__device__ __forceinline__ void staged_count_hits(const StagedLayout& l) {
-    StagedSmem& sm = *l.sm;
-    const u32 n = sm.n_hits;
-    for (u32 j = threadIdx.x; j < n; j += TOPK_THREADS) {
-        const u32 pos = l.hits[j];
-        const u32 bin = kRaw ? staged_key(static_cast<const u32*>(l.stage)[pos]) >> 20
-                             : (u32) static_cast<const u16*>(l.stage)[pos] >> 4;
-        atomicAdd(&sm.hist[bin], 1u);
-    }
-    __syncthreads();
-}
-
-// Counts every staged key's bin (padding lands in bin 0).
-template <bool kRaw>
-__device__ __forceinline__ void staged_count_all(const StagedLayout& l, u32 npos) {
-    StagedSmem& sm = *l.sm;
-    const u32 nq = npos / 4;
-    for (u32 q = threadIdx.x; q < nq; q += TOPK_THREADS) {
-        u32 k[4];
-        if (kRaw) {
-            const uint4 w = reinterpret_cast<const uint4*>(l.stage)[q];
-            k[0] = staged_prefix(w.x);
-            k[1] = staged_prefix(w.y);
-            k[2] = staged_prefix(w.z);
-            k[3] = staged_prefix(w.w);
-        } else {
-            const uint2 w = reinterpret_cast<const uint2*>(l.stage)[q];
-            k[0] = w.x & 0xffffu;
-            k[1] = w.x >> 16;
-            k[2] = w.y & 0xffffu;
-            k[3] = w.y >> 16;
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) atomicAdd(&sm.hist[k[j] >> 4], 1u);
-    }
-    __syncthreads();
-}
-
 // Sets sm.special when a bin at or above +inf's is counted; the next barrier
 // publishes it (call right before find_bin).
-template <bool kHalf>
 __device__ __forceinline__ void staged_flag_special(StagedSmem& sm) {
-    const u32 first = kHalf ? STAGED_HALF_FIRST_SPECIAL_BIN : STAGED_FIRST_SPECIAL_BIN;
     if (threadIdx.x < 32) {
         bool s = false;
-        for (u32 b = first + threadIdx.x; b < STAGED_BINS; b += 32) s |= sm.hist[b] != 0;
+        for (u32 b = STAGED_FIRST_SPECIAL_BIN + threadIdx.x; b < STAGED_BINS; b += 32) s |= sm.hist[b] != 0;
         const u32 any = __ballot_sync(0xffffffffu, s);
         if (threadIdx.x == 0) sm.special = any;
     }
 }
 
-__device__ __forceinline__ void staged_clear(StagedSmem& sm) {
-    for (u32 b = threadIdx.x; b < STAGED_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
-    if (threadIdx.x == 0) sm.n_hits = 0;
-    __syncthreads();
-}
-
 // Every staged key counted: the bin b0 of the k-th key (sm.res_*) and the
 // list of positions at or above it; false when the staged path cannot decide.
-template <bool kRaw, bool kHalf>
-__device__ __forceinline__ bool staged_threshold_counted(const StagedLayout& l, u32 npos, u32 k) {
-    StagedSmem& sm = *l.sm;
-    staged_flag_special<kHalf>(sm);
-    find_bin(sm, STAGED_BINS, k);
-    const u32 first = kHalf ? STAGED_HALF_FIRST_NUMBER_BIN : STAGED_FIRST_NUMBER_BIN;
-    if (sm.special != 0 || sm.res_total < k || sm.res_bin < first ||
-        sm.res_above + sm.res_cnt > l.hit_cap)
-        return false;
-    staged_list<kRaw, kHalf>(l, npos, sm.res_bin);
-    return true;
-}
-
-// STAGED_V21: threshold bin b0 of the k-th key (sm.res_*) and the list of
-// positions at or above it (possibly also some below b0) from the sample;
-// false when the staged path cannot decide.
 template <bool kRaw>
 __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos, u32 k) {
     StagedSmem& sm = *l.sm;
-    const u32 rank = (k >> 3) + (k >> 4) + 16;  // ~1.5 k/8 + 16 of the sample
-    find_bin(sm, STAGED_BINS, rank);
-    const bool guess = sm.res_total >= rank && sm.res_bin >= STAGED_FIRST_NUMBER_BIN &&
-                       sm.res_bin < STAGED_FIRST_SPECIAL_BIN;
-    const u32 bs = sm.res_bin;
-    __syncthreads();  // every thread has read res_* before they change
-    if (guess) {
-        staged_clear(sm);
-        staged_list<kRaw, false>(l, npos, bs);
-        const bool complete = sm.n_hits <= l.hit_cap;
-        if (complete) staged_count_hits<kRaw>(l);
-        staged_flag_special<false>(sm);
-        find_bin(sm, STAGED_BINS, k);
-        if (complete && sm.special == 0 && sm.res_total >= k) return true;
-        __syncthreads();
-    }
-    // The sample missed: count every staged key, then list the bins >= b0.
-    staged_clear(sm);
-    staged_count_all<kRaw>(l, npos);
-    return staged_threshold_counted<kRaw, false>(l, npos, k);
-}
-
-// Stages src and finds b0 and its list as staged_variant says: 0 when the
-// staged path cannot decide, else 1 (float bins) or 2 (half bins).
-template <int U, bool kRaw, class Src>
-__device__ __forceinline__ int staged_decide(const Src& src, const StagedLayout& l, u32 npos,
-                                             u32 k, u32 variant) {
-    if (variant == STAGED_V1) {
-        staged_load<U, kRaw, kCountAll, false>(src, l);
-        return staged_threshold_counted<kRaw, false>(l, npos, k) ? 1 : 0;
-    }
-    if (variant == STAGED_V1W) {
-        staged_load<U, kRaw, kCountWarp, false>(src, l);
-        return staged_threshold_counted<kRaw, false>(l, npos, k) ? 1 : 0;
-    }
-    if (variant == STAGED_V1H) {
-        staged_load<U, kRaw, kCountAll, true>(src, l);
-        return staged_threshold_counted<kRaw, true>(l, npos, k) ? 2 : 0;
-    }
-    staged_load<U, kRaw, kCountSample, false>(src, l);  // STAGED_V21 (and unknown values)
-    return staged_threshold<kRaw>(l, npos, k) ? 1 : 0;
+    staged_flag_special(sm);
+    find_bin(sm, STAGED_BINS, k);
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
+        sm.res_above + sm.res_cnt > l.hit_cap)
+        return false;
+    staged_list<kRaw>(l, npos, sm.res_bin);
+    return true;
 }
 
 // The k best from the list (sm.res_* describe b0): one round over it sends the
 // keys above b0 out and b0's keys to the buffer; b0's keys are refined on the
-// 64-bit key (value key << 32 | ~index) with the radix path's digits (float
-// bins: below the first; half bins: from the top, or ranked directly when
-// few), and the selected ones go out.
-template <bool kRaw, bool kHalf, class Src>
+// 64-bit key (value key << 32 | ~index) with the radix path's digits below the
+// bin's, and the selected ones go out.
+template <bool kRaw, class Src>
 __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestSink& dest,
                                               const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
@@ -1254,7 +1020,7 @@ __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestS
             const u32 pos = l.hits[j];
             bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
             idx = src.index_at(pos);
-            bin = staged_bin<kHalf>(bits);
+            bin = staged_bin(bits);
         }
         const bool above = in && bin > b0;
         const bool cand = in && bin == b0;
@@ -1274,21 +1040,20 @@ __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestS
     }
     __syncthreads();
     const u32 m = sm.n_cand;
-    // Selected: key >> shift >= prefix (shift 64: every key of b0).
-    u64 prefix = kHalf ? 0u : b0;
-    u32 shift = kHalf ? 64u : 52u;
-    const bool rank = kHalf && m != need && m <= STAGED_RANK_MAX;
-    if (m != need && !rank) {
-        for (int lvl = kHalf ? 0 : 1; lvl < 6; ++lvl) {
+    // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
+    u64 prefix = b0;
+    u32 shift = 52u;
+    if (m != need) {
+        for (int lvl = 1; lvl < 6; ++lvl) {
             const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
             shift -= width;
-            const u32 above = shift + width;  // 64 at level 0: no prefix yet
+            const u32 above = shift + width;
             const u32 nbins = 1u << width;
             for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
             __syncthreads();
             for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
                 const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
-                if (above >= 64u || (key >> above) == prefix)
+                if ((key >> above) == prefix)
                     atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
             }
             __syncthreads();
@@ -1303,16 +1068,7 @@ __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestS
         const bool in = j < m;
         const u32 bits = in ? l.cand_val[j] : 0u, idx = in ? l.cand_idx[j] : 0u;
         const u64 key = staged_key64(bits, idx);
-        bool sel;
-        if (rank) {  // (m <= STAGED_RANK_MAX: one round) the keys are unique
-            u32 beat = 0;
-            if (in)
-                for (u32 i = 0; i < m; ++i)
-                    beat += staged_key64(l.cand_val[i], l.cand_idx[i]) > key ? 1u : 0u;
-            sel = in && beat < need;
-        } else {
-            sel = in && (shift >= 64u || (key >> shift) >= prefix);
-        }
+        const bool sel = in && (key >> shift) >= prefix;
         const u32 ms = __ballot_sync(0xffffffffu, sel);
         if (ms != 0) {
             const u32 slot = warp_reserve(sel, ms, &sm.out_n);
@@ -1329,15 +1085,16 @@ __device__ void select_staged(const Src& src, const GSrc& gsrc, u32 k, u32 pad_t
                               const DestSink& dest, const TopkParams& p, u8* dsm) {
     const StagedLayout l = staged_layout<kRaw>(dsm, p);
     const u32 npos = src.head_pad() + 4 * src.n_groups();
-    const int bins = npos <= p.stage_cap ? staged_decide<U, kRaw>(src, l, npos, k, p.staged_variant)
-                                         : 0;
-    if (bins == 0) {
+    bool decided = false;
+    if (npos <= p.stage_cap) {
+        staged_load<U, kRaw>(src, l);
+        decided = staged_threshold<kRaw>(l, npos, k);
+    }
+    if (decided) {
+        staged_finish<kRaw>(src, k, dest, l);
+    } else {
         __syncthreads();  // every thread is done with the staged state the general path overlays
         select_general<kPath>(gsrc, k, pad_to, dest);
-    } else if (bins == 2) {
-        staged_finish<kRaw, true>(src, k, dest, l);
-    } else {
-        staged_finish<kRaw, false>(src, k, dest, l);
     }
 }
 

@@ -18,8 +18,8 @@ checks every kernel against an exact reference (the unique order: value key
 descending, ties to the lowest position, NaN below -inf, -0 == +0,
 IDX_NOT_CANDIDATE_BITS never selected) on adversarial cases: several chunks
 with a carry, lengths around topk, ties, all-equal rows, +-0, NaN, +-inf,
-unmapped positions, physical output and scores; every staged variant
-(TopkParams.staged_variant: v21, v1, v1w, v1h) on both stage kinds. Then it times the three
+unmapped positions, physical output and scores; the fold on both stage kinds
+(raw fp32 and 16-bit prefixes) and the two-stage slice + merge. Then it times the three
 `b12x bench indexer` cases on logits scored the same way (FP8 cache and
 queries from `make_inputs`, fp32 products and sums), each arm captured in a
 CUDA graph and replayed with a 2x-L2 buffer rewritten before every replay
@@ -45,8 +45,6 @@ NOT_CANDIDATE = -1  # int32 view of IDX_NOT_CANDIDATE_BITS (0xffffffff)
 POISON = 3.0e38  # written past the live length: a kernel that reads it selects it
 EXPERIMENT_KERNELS = ["topkx_fold_prefix_u4_b1", "topkx_empty"]  # tools/gpu/topk_variants.cu
 STAGED_SMEM = 4096 * 4 + 32 * 4 + 8 * 4  # StagedSmem
-# TopkParams.staged_variant (STAGED_V* in kernels/indexer_topk.cu)
-STAGED_VARIANTS = {"v21": 0, "v1": 1, "v1w": 2, "v1h": 3}
 TOPK_SMEM = 4096 * 4 + 2 * 3072 * 4 + 2 * 32 * 4 + 6 * 4  # TopkSmem (general paths)
 
 
@@ -151,8 +149,6 @@ class Kernels:
     merge_raw: bool = True
     hit_cap: int = 0
     empty: bool = False  # launch topkx_empty only (the launch-overhead floor)
-    variant: str = "v21"  # TopkParams.staged_variant
-    staged_two_stage: bool = True  # False: slice and merge get no stage (as the launcher)
 
     def hits(self, topk: int) -> int:
         return self.hit_cap or min(8192, 2 * topk + 1024)
@@ -242,9 +238,8 @@ class Stage:
         if self.kern.module == "old":
             return struct.pack("<13Q10I", *ptr, *u32, 0)
         pages = 1 << 31  # the K cache's page count as the launcher caps it
-        variant = STAGED_VARIANTS[self.kern.variant]
         hits = self.kern.hits(self.topk) if stage_cap else 0
-        return struct.pack("<13Q14I", *ptr, *u32, pages, stage_cap, hits, variant, 0)
+        return struct.pack("<13Q12I", *ptr, *u32, pages, stage_cap, hits)
 
     def _go(self, fn: str, raw: bool, grid, chunk: int, cap: int, stream: int) -> None:
         old = self.kern.module == "old"
@@ -260,11 +255,10 @@ class Stage:
         if self.slices == 1:
             self._go(kern.fold, kern.fold_raw, (self.rows, 1, 1), chunk, k + s, stream)
             return
+        # slice and merge run the general paths only (no stage), as the launcher does
         grid = (self.rows, self.slices, 1)
-        staged = kern.staged_two_stage
-        self._go(kern.slice, kern.slice_raw, grid, chunk, self.slen if staged else 0, stream)
-        cap = k + self.slices * k if staged else 0
-        self._go(kern.merge, kern.merge_raw, (self.rows, 1, 1), chunk, cap, stream)
+        self._go(kern.slice, kern.slice_raw, grid, chunk, 0, stream)
+        self._go(kern.merge, kern.merge_raw, (self.rows, 1, 1), chunk, 0, stream)
 
     def run_chunks(self, logits) -> None:
         """The whole call on full-width logits [rows, >= width*64]: per chunk, the
@@ -769,53 +763,31 @@ def run(args: argparse.Namespace) -> int:
     log(f"modules loaded in {time.time() - t0:.1f} s: {json.dumps(attrs)}")
 
     fold_p = "b12x_indexer_topk_fold_prefix"
-    prefix_b1 = "topkx_fold_prefix_u4_b1"  # v1's decode form: prefix stage, one CTA per SM
+    fold_pb1 = "topkx_fold_prefix_u4_b1"  # prefix stage with one CTA per SM (experiment)
 
-    def variant_sets(v: str) -> dict:
-        """The launcher's kernels with staged variant v: the raw fold (rows <= SMs),
-        the prefix fold (more rows), and the fold with v1's decode form."""
-        return {
-            "raw": Kernels(f"{v}", "new", variant=v),
-            "prefix": Kernels(f"{v}_prefix", "new", fold=fold_p, fold_raw=False, variant=v),
-            "prefix_b1": Kernels(
-                f"{v}_prefix_b1", "new", fold=prefix_b1, fold_raw=False, variant=v
-            ),
-        }
-
-    sets = {v: variant_sets(v) for v in STAGED_VARIANTS}
-    hit1k = Kernels("v21_hit1k", "new", hit_cap=1024)
+    raw = Kernels("b12x", "new")  # the launcher's fold for rows <= SMs, and slice + merge
+    prefix = Kernels("b12x_prefix", "new", fold=fold_p, fold_raw=False)  # for more rows
+    prefix_b1 = Kernels("b12x_prefix_b1", "new", fold=fold_pb1, fold_raw=False)
+    hit1k = Kernels("b12x_hit1k", "new", hit_cap=1024)  # a short list: fallbacks exercised
     empty = Kernels("empty", "new", empty=True)
-    # The sampled threshold's list (~1.25k for top-512 of 32768) overflows 1024
-    # slots, so these take v21's full-count fallback: the same result; timed next
-    # to the defaults, they show which path v21 takes.
-    fallback = Kernels("v21_fallback", "new", hit_cap=1024)
-    prefix_fb = Kernels("v21_prefix_fallback", "new", fold=fold_p, fold_raw=False, hit_cap=1024)
-    shipped_two = Kernels("shipped_two_stage", "new", staged_two_stage=False)
     old = Kernels("old", "old")
     have_old = "old" in fns
 
     checks = []
     if not args.no_checks:
-        if args.small:
-            check_sets = [sets[v]["raw"] for v in STAGED_VARIANTS] + [sets["v1"]["prefix"]]
-        else:
-            # (prefix_b1 is the prefix fold's code with one CTA per SM: timed, checked there)
-            check_sets = [sets[v][f] for v in STAGED_VARIANTS for f in ("raw", "prefix")]
-            check_sets += [hit1k, shipped_two]
+        check_sets = [raw, prefix] if args.small else [raw, prefix, hit1k]
         checks = run_checks(torch, drv, fns, check_sets, log, small=args.small)
     n_bad = sum(not c["ok"] for c in checks)
     log(f"checks: {len(checks) - n_bad} passed, {n_bad} failed")
 
-    names = list(STAGED_VARIANTS)
     arms = {
-        "decode_r64_L32768": [("empty_kernel", empty, 1)]
-        + [(f"b12x_{v}", sets[v]["raw"], 1) for v in names]
-        + [(f"b12x_{v}_prefix_b1", sets[v]["prefix_b1"], 1) for v in names]
-        + [("b12x_v21_fallback", fallback, 1)],
-        "decode_r1_L131072": [("b12x_shipped_slices16", shipped_two, 16)]
-        + [(f"b12x_{v}_slices16", sets[v]["raw"], 16) for v in names],
-        "prefill_r4096_L32768": [(f"b12x_{v}", sets[v]["prefix"], 1) for v in names]
-        + [("b12x_v1h_raw", sets["v1h"]["raw"], 1), ("b12x_v21_prefix_fallback", prefix_fb, 1)],
+        "decode_r64_L32768": [
+            ("empty_kernel", empty, 1),
+            ("b12x", raw, 1),
+            ("b12x_prefix_b1", prefix_b1, 1),
+        ],
+        "decode_r1_L131072": [("b12x_slices16", raw, 16)],
+        "prefill_r4096_L32768": [("b12x", prefix, 1), ("b12x_raw", raw, 1)],
     }
     if have_old:
         arms["decode_r64_L32768"].append(("b12x_old", old, 1))
@@ -824,7 +796,7 @@ def run(args: argparse.Namespace) -> int:
     if args.arms:
         arms = {c: [a for a in v if a[0] in args.arms] for c, v in arms.items()}
     if args.profile:  # one eager call of each product arm, for ncu
-        keep = {f"b12x_{v}" for v in names} | {"b12x_shipped_slices16"}
+        keep = {"b12x", "b12x_slices16"}
         arms = {c: [a for a in v if a[0] in keep] for c, v in arms.items()}
 
     meta = {

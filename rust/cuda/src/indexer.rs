@@ -119,28 +119,7 @@ struct TopkParams {
     pages: u32,
     stage_cap: u32,
     hit_cap: u32,
-    staged_variant: u32,
-    pad: u32,
 }
-
-/// How the top-k kernels' staged path counts its stage (`STAGED_V*` in
-/// kernels/indexer_topk.cu, where each is described); every one is exact.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u32)]
-pub enum TopkVariant {
-    /// A 1/8 sample sets the threshold, then a list scan (shipped in round 2).
-    V21 = 0,
-    /// Every key counted during the read, one list scan at the k-th key's bin.
-    V1 = 1,
-    /// V1 with warp-aggregated histogram increments.
-    V1w = 2,
-    /// V1 on fp16-value bins (8x finer over the bulk), small threshold bins ranked.
-    V1h = 3,
-}
-
-/// The staged variant every top-k launch uses: the one place to switch it
-/// (bench-results/h200/topk-notes.md, round 3, says which measured fastest).
-pub const TOPK_STAGED_VARIANT: TopkVariant = TopkVariant::V1;
 
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
 // by `kernel_constants_match_the_sources` and the kernels' static_asserts).
@@ -456,8 +435,6 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
         pages,
         stage_cap: 0,
         hit_cap: 0,
-        staged_variant: TOPK_STAGED_VARIANT as u32,
-        pad: 0,
     };
     let topk_block = (TOPK_THREADS, 1, 1);
     for c in 0..chunks {
@@ -565,10 +542,6 @@ mod tests {
             ("PREFILL_ROWS", PREFILL_ROWS as u64),
             ("TOPK_THREADS", TOPK_THREADS as u64),
             ("STAGED_HIT_MAX", STAGED_HIT_MAX as u64),
-            ("STAGED_V21", TopkVariant::V21 as u64),
-            ("STAGED_V1", TopkVariant::V1 as u64),
-            ("STAGED_V1W", TopkVariant::V1w as u64),
-            ("STAGED_V1H", TopkVariant::V1h as u64),
             ("WG_THREADS", WGMMA_THREADS as u64),
             ("WG_DECODE_STAGES", WGMMA_DECODE_STAGES as u64),
             ("WG_PREFILL_STAGES", WGMMA_PREFILL_STAGES as u64),
@@ -585,9 +558,9 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 11 u64 + 8 u32 and 13 u64 + 14 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        // 11 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
         assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
-        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 14 * 4);
+        assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
     }
 
     #[test]
