@@ -7,6 +7,7 @@
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
 //! * [`indexer`]: the C4 indexer's launchers, straight from a core binding.
 //! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
+//! * [`probe`]: bare launches of an empty kernel, the floor of a launch.
 //!
 //! cudarc is used with dynamic loading: nothing here needs libcuda until a
 //! function is called, and [`driver_present`] answers without panicking.
@@ -17,6 +18,7 @@ pub mod error;
 pub mod indexer;
 pub mod ipc;
 pub mod launch;
+pub mod probe;
 pub mod ptx;
 
 pub use device::{

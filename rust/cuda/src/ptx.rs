@@ -128,6 +128,9 @@ modules! {
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
     ],
+    probe: Baseline => [
+        ProbeEmpty = "b12x_probe_empty",
+    ],
     indexer_wgmma: Sm90a => [
         IndexerWgmmaDecodeH16 = "b12x_indexer_wgmma_decode_h16",
         IndexerWgmmaDecodeH32 = "b12x_indexer_wgmma_decode_h32",

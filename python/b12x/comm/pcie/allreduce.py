@@ -270,7 +270,7 @@ class AllReduce:
         except B12xError as e:
             error = e
         here = cuda_device(None) if settings is None else settings.device
-        self._hs = handshake.Handshake(
+        self._hs: handshake.Handshake | None = handshake.Handshake(
             self.group, self.rank, self.world_size, handshake.comm_device(self.group, here)
         )
         why = self._hs.agree("validate", error or _environment_error(self.world_size, here.index))
@@ -311,6 +311,32 @@ class AllReduce:
             self.limits,
             "push" if self.twoshot_push else "pull",
         )
+
+    @classmethod
+    def host_stand_in(
+        cls, world: int = 2, *, rank: int = 0, limits: Limits | None = None, device: str = "cpu"
+    ) -> AllReduce:
+        """An enabled AllReduce without a process group whose device side is
+        host memory (:meth:`b12x._core.IpcAllReduce.host_stand_in`): declaring,
+        admission, bind and the health read are the real ones, a launch is
+        counted instead of enqueued (``runtime.stand_in_launches``). For
+        ``b12x bench host`` and tests on machines without GPUs."""
+        self = cls.__new__(cls)
+        self.rank, self.world_size = rank, world
+        self.limits = Limits() if limits is None else limits
+        self.device = torch.device(device)
+        self.timeout_s = knobs.timeout_ns(None) * 1e-9
+        self.twoshot_push = False
+        self._rt = _core.IpcAllReduce.host_stand_in(device, rank, world, self.limits)
+        self._index = DeclaredPlanIndex()
+        self._closed = False
+        self.enabled, self.disabled_reason = True, None
+        self._hs = None  # no group: close() frees locally
+        return self
+
+    def runtime_launches(self) -> int | None:
+        """Launches the host stand-in took (None for a real runtime or once closed)."""
+        return None if self._rt is None else self._rt.stand_in_launches
 
     def _disable(self, why: str) -> None:
         self.enabled = False
@@ -511,7 +537,11 @@ class AllReduce:
         self.disabled_reason = self.disabled_reason or "closed"
         self._index.clear()
         rt, self._rt = self._rt, None
-        if rt is not None:
+        if rt is None:
+            return
+        if self._hs is None:  # the host stand-in: nothing shared
+            rt.free()
+        else:
             handshake.close_runtime(self._hs, rt, self.device, healthy=was_enabled)
 
     def __repr__(self) -> str:

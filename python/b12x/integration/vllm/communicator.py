@@ -66,6 +66,20 @@ class B12xCustomAllreduce:
         self._closed = False
         _live.add(self)
 
+    @classmethod
+    def from_parts(cls, stock: Any, b12x: PcieAllReduce) -> B12xCustomAllreduce:
+        """A slot over an already-built vLLM custom all-reduce ``stock`` and
+        b12x adapter (nothing collective happens; ``b12x bench host``)."""
+        self = cls.__new__(cls)
+        self._closed = False
+        self._admitted = None
+        self._stock = stock
+        self._auto = None
+        self.b12x = b12x
+        self.disabled = b12x.disabled and stock.disabled
+        _live.add(self)
+        return self
+
     def _build_b12x(self, group: Any, device: Any) -> PcieAllReduce:
         """b12x's adapter, or a disabled one when b12x declines this group (logged once)."""
         world = group.size()

@@ -3,7 +3,7 @@
 
 use b12x_core::allreduce::{self as ar, FusedOperands, Target};
 use b12x_core::collective::Operation;
-use b12x_core::{Error as CoreError, TensorMeta};
+use b12x_core::{Device, Error as CoreError, TensorMeta};
 use b12x_cuda::allreduce::Runtime;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -52,6 +52,15 @@ impl PyIpcAllReduce {
     }
 }
 
+/// The stream a launch for `target` goes on: torch's current one on a CUDA
+/// device, none for the host stand-in.
+fn stream_for(py: Python<'_>, target: &Target) -> PyResult<u64> {
+    match target.device {
+        Device::Cuda(ordinal) => current_stream(py, ordinal),
+        _ => Ok(0),
+    }
+}
+
 #[pymethods]
 impl PyIpcAllReduce {
     /// Loads the kernels, allocates and zeroes the slab (slots sized by
@@ -72,6 +81,52 @@ impl PyIpcAllReduce {
             Runtime::allocate(ordinal, rank, world, &limits, twoshot_push, timeout_ns)
         })?;
         Ok(PyIpcAllReduce(rt))
+    }
+
+    /// A runtime of rank ``rank`` in ``world`` whose device side is host
+    /// memory: open at once, operands on ``device`` (``"cpu"`` or
+    /// ``"cuda:N"``), launches counted (``stand_in_launches``), not enqueued.
+    /// Admission, bind and the health read are the real ones (``b12x bench
+    /// host``, tests without GPUs).
+    #[staticmethod]
+    #[pyo3(signature = (device, rank, world, limits, twoshot_push=false, multiprocessors=132))]
+    fn host_stand_in(
+        device: &str,
+        rank: u32,
+        world: u32,
+        limits: &Bound<'_, PyLimits>,
+        twoshot_push: bool,
+        multiprocessors: u32,
+    ) -> PyB12xResult<Self> {
+        let device = match b12x_core::DeviceName::parse(device) {
+            Some(b12x_core::DeviceName::Cpu) => Device::Cpu,
+            Some(b12x_core::DeviceName::Cuda(Some(i))) => Device::Cuda(i),
+            _ => {
+                return Err(CoreError::InvalidValue {
+                    op: "IpcAllReduce.host_stand_in",
+                    operand: "device".into(),
+                    expected: "'cpu' or 'cuda:N'".into(),
+                    got: format!("{device:?}"),
+                }
+                .into())
+            }
+        };
+        let limits = limits.get().0;
+        let rt =
+            Runtime::host_stand_in(device, rank, world, &limits, twoshot_push, multiprocessors)?;
+        Ok(PyIpcAllReduce(rt))
+    }
+
+    /// Launches a host stand-in took; None for a real runtime.
+    #[getter]
+    fn stand_in_launches(&self) -> Option<u64> {
+        self.0.stand_in_launches()
+    }
+
+    /// Records ``code`` in a host stand-in's error word as a kernel that
+    /// timed out would (tests of the health read); False for a real runtime.
+    fn _stand_in_record_error(&self, code: u32) -> bool {
+        self.0.stand_in_record_error(code)
     }
 
     /// This rank's 64-byte CUipcMemHandle.
@@ -176,7 +231,7 @@ impl PyIpcAllReduce {
         let plan = plan_of(plan)?;
         let (i, o) = (Self::meta(inp, "inp")?, Self::meta(out, "out")?);
         let launch = ar::bind_plain(&plan.get().0, &target, &i, &o)?;
-        let stream = current_stream(inp.py(), target.ordinal)?;
+        let stream = stream_for(inp.py(), &target)?;
         // SAFETY: `inp` and `out` are borrowed for this call, and torch keeps
         // their storage alive until the stream's work on it is done.
         unsafe { self.0.launch(&launch, stream)? };
@@ -214,7 +269,7 @@ impl PyIpcAllReduce {
             residual_out: &metas.4,
         };
         let launch = ar::bind_fused(&plan.get().0, &target, &ops, eps)?;
-        let stream = current_stream(inp.py(), target.ordinal)?;
+        let stream = stream_for(inp.py(), &target)?;
         // SAFETY: as in `run`, for the five operands.
         unsafe { self.0.launch(&launch, stream)? };
         Ok(())
