@@ -6,7 +6,7 @@ extension class is final (pyo3 classes cannot be subclassed) and constructors
 are ``__new__`` (pyo3's ``#[new]``).
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, TypeVar, final
 
 import torch
@@ -96,6 +96,7 @@ def allreduce_prepare(
     multiprocessors: int,
     twoshot_push: bool = False,
 ) -> tuple[list[tuple[_Declared, AllReducePlan]], list[tuple[_Declared, str]]]: ...
+def allreduce_check_world(world: int) -> None: ...
 def pci_bus_id(ordinal: int) -> str: ...
 def p2p_native_atomics(ordinal: int, peer_bus_id: str) -> bool | None: ...
 
@@ -164,9 +165,12 @@ class IpcAllReduce:
         limits: Limits,
         twoshot_push: bool = False,
         multiprocessors: int = 132,
+        on_launch: Callable[[AllReduceCall], object] | None = None,
     ) -> IpcAllReduce: ...
     @property
     def stand_in_launches(self) -> int | None: ...
+    @property
+    def stand_in_health_reads(self) -> int | None: ...
     def _stand_in_record_error(self, code: int) -> bool: ...
     def handle(self) -> bytes: ...
     def open_peers(self, handles: list[bytes]) -> None: ...
@@ -182,27 +186,41 @@ class IpcAllReduce:
     def slot_bytes(self) -> int: ...
     @property
     def is_open(self) -> bool: ...
+    def attach(self, index: DeclaredPlanIndex) -> None: ...
     def admit(
         self,
-        index: DeclaredPlanIndex,
         tensor: torch.Tensor,
         operation: str | None = None,
         weight: torch.Tensor | None = None,
         epsilon: float | None = None,
         residual: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
-    ) -> AllReducePlan | None: ...
-    def run(self, plan: AllReducePlan, inp: torch.Tensor, out: torch.Tensor) -> None: ...
-    def run_fused(
+        residual_out: torch.Tensor | None = None,
+    ) -> AllReduceCall | None: ...
+    def admit_or_raise(
         self,
-        plan: AllReducePlan,
-        inp: torch.Tensor,
-        residual: torch.Tensor,
-        weight: torch.Tensor,
-        eps: float,
-        out: torch.Tensor,
-        residual_out: torch.Tensor,
-    ) -> None: ...
+        tensor: torch.Tensor,
+        operation: str | None = None,
+        weight: torch.Tensor | None = None,
+        epsilon: float | None = None,
+        residual: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        residual_out: torch.Tensor | None = None,
+    ) -> AllReduceCall: ...
+
+@final
+class AllReduceCall:
+    def run(self) -> torch.Tensor: ...
+    @property
+    def plan(self) -> AllReducePlan: ...
+    @property
+    def inp(self) -> torch.Tensor: ...
+    @property
+    def out(self) -> torch.Tensor: ...
+    @property
+    def epsilon(self) -> float | None: ...
+    @property
+    def fused_operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None: ...
 
 # --- indexer (b12x.attention.dsa_indexer re-exports these under public names) ---
 INDEXER_SCRATCH_NAME: str

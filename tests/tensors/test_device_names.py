@@ -8,7 +8,7 @@ import argparse
 import pytest
 import torch
 from b12x import DeviceError, _cli_args, _core
-from b12x.comm.pcie.allreduce import cuda_device
+from b12x.comm.pcie.handshake import cuda_device
 
 NAMES = ["cpu", "cuda", "cuda:0", "cuda:7", "cuda:007", "cuda:127"]
 NOT_NAMES = ["cuda:128", "cuda:300", "cuda:-1", "cuda:1.5", "cuda:", "gpu0", "", " cuda", "CPU"]

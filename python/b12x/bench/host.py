@@ -153,14 +153,12 @@ def _b12x_slot(world: int, tokens: int, hidden: int, stock: Any) -> tuple[Any, A
     import torch
 
     from b12x.comm.pcie import PLAIN, AllReduce, Invocation
-    from b12x.integration.vllm import PcieAllReduce
     from b12x.integration.vllm.communicator import B12xCustomAllreduce
 
     runtime = AllReduce.host_stand_in(world)
     shape = (tokens, hidden)
     runtime.declare([Invocation("host.m", PLAIN, shape, torch.bfloat16)])
-    adapter = PcieAllReduce(device="cpu", world_size=world, runtime=runtime)
-    return B12xCustomAllreduce.from_parts(stock, adapter), runtime
+    return B12xCustomAllreduce.from_parts(stock, runtime), runtime
 
 
 def _allreduce(result: BenchResult, args: argparse.Namespace) -> str | None:

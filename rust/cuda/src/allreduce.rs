@@ -17,7 +17,7 @@
 //! admission, bind and health read of every call.
 
 use b12x_core::allreduce::knobs::MAX_TIMEOUT_S;
-use b12x_core::allreduce::layout::MAX_WORLD;
+use b12x_core::allreduce::layout::check_world;
 use b12x_core::allreduce::{Args, Float, Kernel as ArKernel, Launch, Limits, PacksPerThread};
 use b12x_core::allreduce::{SlabLayout, Target};
 use b12x_core::{Device, Error as CoreError};
@@ -75,17 +75,6 @@ fn invalid(operand: &'static str, expected: &'static str, got: String) -> CudaEr
         .into()
 }
 
-fn check_world(rank: u32, world: u32) -> Result<()> {
-    if !(2..=MAX_WORLD).contains(&world) || rank >= world {
-        return Err(invalid(
-            "world",
-            "2..=8 ranks and rank < world",
-            format!("rank {rank} of {world}"),
-        ));
-    }
-    Ok(())
-}
-
 fn not_open() -> CudaError {
     invalid("runtime", "an open runtime", "a closed or unopened one".into())
 }
@@ -108,6 +97,7 @@ struct StandIn {
     device: Device,
     error: AtomicU32,
     launches: AtomicU64,
+    health_reads: AtomicU64,
 }
 
 /// One rank's IPC all-reduce state.
@@ -215,6 +205,7 @@ impl Runtime {
                 device,
                 error: AtomicU32::new(0),
                 launches: AtomicU64::new(0),
+                health_reads: AtomicU64::new(0),
             }),
         })
     }
@@ -222,6 +213,11 @@ impl Runtime {
     /// Launches a host stand-in took (None for a real runtime).
     pub fn stand_in_launches(&self) -> Option<u64> {
         self.stand_in.as_ref().map(|s| s.launches.load(Ordering::Relaxed))
+    }
+
+    /// Reads of a host stand-in's error word (None for a real runtime).
+    pub fn stand_in_health_reads(&self) -> Option<u64> {
+        self.stand_in.as_ref().map(|s| s.health_reads.load(Ordering::Relaxed))
     }
 
     /// Records `code` in a host stand-in's error word, as a kernel that timed
@@ -316,7 +312,10 @@ impl Runtime {
     /// The error code kernels recorded (0 = none); read without a device sync.
     pub fn error_code(&self) -> u32 {
         match &self.stand_in {
-            Some(s) => s.error.load(Ordering::Relaxed),
+            Some(s) => {
+                s.health_reads.fetch_add(1, Ordering::Relaxed);
+                s.error.load(Ordering::Relaxed)
+            }
             None => self.host.as_ref().map_or(0, HostWord::read),
         }
     }

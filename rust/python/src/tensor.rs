@@ -33,6 +33,8 @@ use crate::torch_abi;
 
 pub(crate) struct TorchCache {
     pub(crate) tensor_type: Py<PyType>,
+    /// `torch.empty_like`: the all-reduce's fresh output.
+    pub(crate) empty_like: Py<PyAny>,
     dtypes: Vec<(Py<PyAny>, DType)>,
 }
 
@@ -96,6 +98,7 @@ pub(crate) fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
             }
             Ok(TorchCache {
                 tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
+                empty_like: torch.getattr("empty_like")?.unbind(),
                 dtypes,
             })
         })

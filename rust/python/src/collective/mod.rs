@@ -16,7 +16,7 @@ use pyo3::types::{PyList, PyTuple};
 use pyo3::{import_exception, PyTraverseError, PyVisit};
 
 use crate::error::PyB12xResult;
-pub(crate) use probe::Args;
+pub(crate) use probe::{Args, Bad};
 
 import_exception!(b12x.errors, UnsupportedTensorError);
 
@@ -70,13 +70,33 @@ fn entries(pairs: &Bound<'_, PyAny>) -> PyB12xResult<Vec<Entry<Payload>>> {
 }
 
 impl PyDeclaredPlanIndex {
-    /// The plan declared for this call; None on a miss and for input that
-    /// has no key (never raises): the first step of an admission.
+    /// The plan for a call whose tensor was read already; `Ok(None)` on a
+    /// miss, `Err(Bad)` for input that has no key (no exception is built).
     #[inline]
-    pub(crate) fn probe(&self, py: Python<'_>, args: &Args<'_, '_>) -> Option<Py<PyAny>> {
-        probe::with(args, |key| self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py)))
-            .ok()
-            .flatten()
+    pub(crate) fn probe_meta(
+        &self,
+        py: Python<'_>,
+        args: &Args<'_, '_>,
+        meta: &b12x_core::TensorMeta,
+    ) -> Result<Option<Py<PyAny>>, probe::Bad> {
+        probe::with_meta(meta, args, |key| {
+            self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py))
+        })
+    }
+
+    /// The UndeclaredPlanError of a call `args` that found nothing: its
+    /// operation, shape, dtype and strides, and at most 16 declarations.
+    pub(crate) fn undeclared(&self, op: &'static str, args: &Args<'_, '_>) -> CoreError {
+        let (shape, strides, dtype) = probe::describe(args.tensor);
+        let msg = self.index.load().undeclared_message(
+            op,
+            probe::operation_of(args),
+            &dtype,
+            &shape,
+            &strides,
+            probe::norm_of(args),
+        );
+        CoreError::UndeclaredPlan(msg)
     }
 
     /// The plan for `args`, `Ok(None)` on a miss, `Err` for bad input.
@@ -178,13 +198,7 @@ impl PyDeclaredPlanIndex {
         if let Some(plan) = self.find(py, PLAN_FOR, &args)? {
             return Ok(plan);
         }
-        // the miss path only: O(16) formatting
-        let op = probe::operation_of(&args);
-        let norm = probe::norm_of(&args);
-        let (shape, strides, dtype) = probe::describe(tensor);
-        let msg =
-            self.index.load().undeclared_message(PLAN_FOR, op, &dtype, &shape, &strides, norm);
-        Err(CoreError::UndeclaredPlan(msg).into())
+        Err(self.undeclared(PLAN_FOR, &args).into()) // the miss path only: O(16) formatting
     }
 
     /// Every ``(invocation, plan)`` pair in declaration order, shadowed

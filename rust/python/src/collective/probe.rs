@@ -7,7 +7,7 @@
 //! `has_plan_for` turns into `False` and `lookup` into an exception.
 
 use b12x_core::collective::{Norm, Operation, PlanKey, Unindexable};
-use b12x_core::{DType, Error as CoreError, MAX_RANK};
+use b12x_core::{DType, Error as CoreError, TensorMeta, MAX_RANK};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
@@ -132,6 +132,18 @@ fn unindexable(why: Unindexable) -> Bad {
         Unindexable::Rank => Bad::Never,
         other => Bad::Unindexable(other),
     }
+}
+
+/// The key of a call whose tensor was read already (`meta`, the admission's
+/// one read of it), handed to `f`.
+#[inline]
+pub(crate) fn with_meta<R>(
+    meta: &TensorMeta,
+    args: &Args<'_, '_>,
+    f: impl FnOnce(&PlanKey) -> R,
+) -> Result<R, Bad> {
+    let op = operation(args.operation)?;
+    with_key(op, meta.dtype, &meta.shape, &meta.strides, args, f)
 }
 
 /// Any other tensor (a `__dlpack__` producer): the general extraction path.
