@@ -82,7 +82,7 @@ def test_a_declined_call_reads_once_and_launches_nothing():
 
 
 def test_the_fused_call_is_admitted_once_and_runs_its_own_launch():
-    _, runtime, weight = slot_over_stand_in()
+    slot, runtime, weight = slot_over_stand_in()
     x = torch.ones(SHAPE)
     residual = torch.zeros(SHAPE)
     call = runtime.admit(x, FUSED, weight, 1e-6, residual)
@@ -90,12 +90,21 @@ def test_the_fused_call_is_admitted_once_and_runs_its_own_launch():
     assert call.out is x and call.fused_operands[2] is residual  # in place by default
     assert call.plan is runtime.plans.plan_for(x, FUSED, weight, 1e-6)
     assert call.run() is x and runtime._rt.stand_in_launches == 1
+    slot.close()
 
 
 def test_a_recorded_timeout_refuses_the_launch():
-    _, runtime, _ = slot_over_stand_in()
+    slot, runtime, _weight = slot_over_stand_in()
     call = runtime.admit(torch.ones(SHAPE))
     assert runtime._rt._stand_in_record_error(0x101)  # timed out waiting for rank 1
     with pytest.raises(b12x.CollectiveTimeoutError, match="for rank 1"):
         call.run()
     assert runtime._rt.stand_in_launches == 0
+    slot.close()
+
+
+def test_dropping_the_slot_closes_its_runtime():
+    slot, runtime, _weight = slot_over_stand_in()
+    assert runtime.enabled
+    del slot
+    assert not runtime.enabled and runtime.disabled_reason == "closed"
