@@ -5,7 +5,8 @@
 //! * [`device`]: per-device module loading in the primary context (the one
 //!   torch uses). Modules load when a plan is made, never in a hot call.
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
-//! * [`indexer`]: the C4 indexer's launchers, straight from a core binding.
+//! * [`indexer`]: the C4 indexer's launchers, straight from a core binding;
+//!   [`flavor`]: the rule for a plan whose MMA flavor is forced.
 //! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
 //! * [`probe`]: bare launches of an empty kernel, the floor of a launch.
 //!
@@ -15,6 +16,7 @@
 pub mod allreduce;
 pub mod device;
 pub mod error;
+pub mod flavor;
 pub mod indexer;
 pub mod ipc;
 pub mod launch;
@@ -23,7 +25,7 @@ pub mod ptx;
 
 pub use device::{
     can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,
-    loaded, p2p_native_atomics, pci_bus_id, DeviceInfo, DeviceModules,
+    loaded, p2p_native_atomics, pci_bus_id, visible_devices, DeviceInfo, DeviceModules,
 };
 pub use error::{CudaError, Result};
 pub use ptx::{Kernel, PtxModule, MODULES, PTX_ISA, PTX_TARGET};

@@ -292,6 +292,8 @@ fn extract_torch(r: &Reading<'_, '_>) -> PyB12xResult<TensorMeta> {
     } else if r.flag(intern!(py, "is_cpu"))? {
         // `is_cpu` is a plain getter; `device.type` builds a torch.device (~0.4 us)
         Device::Cpu
+    } else if r.flag(intern!(py, "is_meta"))? {
+        Device::Meta
     } else {
         Device::Other(-1)
     };

@@ -108,24 +108,25 @@ enum Refused {
     Closed,
     NoKey(Bad),
     Undeclared,
-    Error(PyB12xErr),
+    /// Boxed: errors are the cold path, and they are large.
+    Error(Box<PyB12xErr>),
 }
 
 impl From<PyB12xErr> for Refused {
     fn from(e: PyB12xErr) -> Self {
-        Refused::Error(e)
+        Refused::Error(Box::new(e))
     }
 }
 
 impl From<CoreError> for Refused {
     fn from(e: CoreError) -> Self {
-        Refused::Error(e.into())
+        Refused::Error(Box::new(e.into()))
     }
 }
 
 impl From<PyErr> for Refused {
     fn from(e: PyErr) -> Self {
-        Refused::Error(e.into())
+        Refused::Error(Box::new(e.into()))
     }
 }
 
@@ -138,15 +139,13 @@ fn required<'a, 'py>(
     operand: &'static str,
 ) -> Result<&'a Bound<'py, PyAny>, Refused> {
     obj.ok_or_else(|| {
-        Refused::Error(
-            CoreError::InvalidValue {
-                op: OP,
-                operand: operand.into(),
-                expected: "a tensor for the fused operation".into(),
-                got: "None".into(),
-            }
-            .into(),
-        )
+        CoreError::InvalidValue {
+            op: OP,
+            operand: operand.into(),
+            expected: "a tensor for the fused operation".into(),
+            got: "None".into(),
+        }
+        .into()
     })
 }
 
@@ -255,10 +254,10 @@ pub(crate) fn admit_or_raise(
     Err(match refused {
         Refused::Closed => closed(),
         Refused::NoKey(bad) => match bad.into_err(OP, &a.key) {
-            Some(err) => err.into(),
+            Some(err) => err,
             None => index.undeclared(OP, &a.key).into(),
         },
         Refused::Undeclared => index.undeclared(OP, &a.key).into(),
-        Refused::Error(e) => e,
+        Refused::Error(e) => *e,
     })
 }
