@@ -756,7 +756,7 @@ def slot_with(monkeypatch, runtime):
     """b12x's slot as vLLM's CudaCommunicator builds it, over ``runtime``."""
     from b12x.integration.vllm import _hooks, communicator
 
-    monkeypatch.setattr(communicator, "_stock", StockAllreduce)
+    monkeypatch.setattr(communicator, "_stock_class", lambda: StockAllreduce)
     monkeypatch.setattr(
         communicator.B12xCustomAllreduce, "runtime_factory", lambda group, device, limits: runtime
     )

@@ -13,7 +13,7 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("version", env!("CARGO_PKG_VERSION"))?;
     d.set_item("ptx_target", ptx::PTX_TARGET)?;
     d.set_item("ptx_isa", ptx::PTX_ISA)?;
-    d.set_item("min_driver", "570")?;
+    d.set_item("min_driver", ptx::MIN_DRIVER.to_string())?;
     d.set_item("cudarc_bindings", "CUDA 12.8 driver API (dynamic loading)")?;
     let modules: Vec<(&str, Vec<&str>)> = ptx::MODULES
         .iter()

@@ -178,16 +178,7 @@ def open_runtime(
     slabs, agreeing after each step: ``(runtime, None)`` on every rank, or
     ``(None, why)`` on every rank with nothing left allocated."""
     # the contract: every rank on one host, with the same limits and settings
-    contract = [
-        host_id(),
-        hs.world,
-        limits.oneshot_max,
-        limits.fused_max,
-        limits.twoshot_max,
-        limits.twoshot_row_elems,
-        timeout_ns,
-        int(twoshot_push),
-    ]
+    contract = [host_id(), hs.world, *limits.as_tuple(), timeout_ns, int(twoshot_push)]
     theirs = hs.gather_ints(contract)
     error: BaseException | None = None
     if any(t != theirs[0] for t in theirs):

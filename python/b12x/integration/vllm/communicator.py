@@ -20,6 +20,7 @@ On a multi-node group, a failed set-up or an unsupported GPU, b12x declines
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import weakref
@@ -29,7 +30,7 @@ from typing import Any
 import torch
 
 from b12x.comm.pcie import Limits
-from b12x.integration.vllm import _hooks
+from b12x.integration.vllm import _hooks, patches
 from b12x.integration.vllm.allreduce import PcieAllReduce, _log_once
 from b12x.integration.vllm.declarations import AutoDeclarations, ServingShapes
 
@@ -45,7 +46,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SLOT_MODULE = "vllm.distributed.device_communicators.custom_all_reduce"
-_stock: type | None = None  # vLLM's CustomAllreduce while b12x's is installed
 _live: weakref.WeakSet[B12xCustomAllreduce] = weakref.WeakSet()
 
 
@@ -195,11 +195,12 @@ def _stock_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stock_class() -> type:
-    if _stock is not None:
-        return _stock
-    import importlib
-
-    return importlib.import_module(_SLOT_MODULE).CustomAllreduce
+    """vLLM's own ``CustomAllreduce`` (kept by the patch table while b12x's is in)."""
+    try:
+        stock: type = patches.original(_SLOT_MODULE, "CustomAllreduce")
+    except KeyError:
+        stock = importlib.import_module(_SLOT_MODULE).CustomAllreduce
+    return stock
 
 
 def install() -> bool:
@@ -207,27 +208,15 @@ def install() -> bool:
 
     Affects the TP communicators vLLM builds from now on. Returns True.
     """
-    global _stock
-    import importlib
-
-    module: Any = importlib.import_module(_SLOT_MODULE)
-    if module.CustomAllreduce is not B12xCustomAllreduce:
-        _stock = module.CustomAllreduce
-        module.CustomAllreduce = B12xCustomAllreduce
+    if not installed():
+        patches.install("allreduce")
         logger.info("b12x all-reduce installed in vLLM's custom all-reduce slot")
     return True
 
 
 def uninstall() -> None:
     """Puts vLLM's own ``CustomAllreduce`` back (communicators already built keep theirs)."""
-    global _stock
-    if _stock is None:
-        return
-    import importlib
-
-    module: Any = importlib.import_module(_SLOT_MODULE)
-    module.CustomAllreduce = _stock
-    _stock = None
+    patches.uninstall("allreduce")
 
 
 def installed() -> bool:

@@ -51,6 +51,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("INDEXER_PAGE_SIZE", indexer::PAGE_SIZE)?;
     m.add("INDEXER_HEAD_DIM", indexer::HEAD_DIM)?;
     m.add("INDEXER_PAGE_BYTES", indexer::PAGE_BYTES)?;
+    m.add("INDEXER_ROW_BYTES", indexer::PAGE_BYTES / u64::from(indexer::PAGE_SIZE))?;
+    m.add("INDEXER_PREFILL_ROUTE", indexer::Route::SharedPrefill.name())?;
     m.add("INDEXER_SCALE_OFFSET", indexer::SCALE_OFFSET)?;
     m.add("INDEXER_MAX_HEADS", indexer::MAX_HEADS)?;
     m.add("INDEXER_SUPPORTED_TOPK", PyTuple::new(py, indexer::SUPPORTED_TOPK)?)?;
