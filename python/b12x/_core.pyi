@@ -76,6 +76,7 @@ def _validate_operand(
 
 # --- allreduce (b12x.comm.pcie re-exports these under public names) ---
 ALLREDUCE_ENV: dict[str, str]
+ALLREDUCE_ENV_DEPRECATED: dict[str, str]
 ALLREDUCE_DEFAULT_TIMEOUT_S: float
 
 def allreduce_parse_byte_size(text: str) -> int: ...

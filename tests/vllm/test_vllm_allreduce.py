@@ -405,15 +405,15 @@ def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatc
             return 4
 
     env = {
-        "VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "16KB",
-        "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE": "off",
+        "B12X_ALLREDUCE_ONESHOT_MAX_SIZE": "16KB",
+        "B12X_ALLREDUCE_TWOSHOT_MAX_SIZE": "off",
     }
     comm = PcieAllReduce(Group(), CPU, env=env)
     assert not comm.disabled and comm.world_size == 4
     assert built == [Limits.from_env(env)]
     assert built[0].oneshot_max == 16 << 10 and built[0].twoshot_max == 0
     with pytest.raises(ValueError, match="suffix"):
-        PcieAllReduce(device=CPU, env={"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "84 KX"})
+        PcieAllReduce(device=CPU, env={"B12X_ALLREDUCE_ONESHOT_MAX_SIZE": "84 KX"})
 
 
 # --- describers ---------------------------------------------------------------------------

@@ -9,21 +9,28 @@ Limits (inclusive byte ceilings, spec §5.1 grammar: ``17``, ``84KB``,
 ``6 MiB``, ``2g``; ``KB`` is KiB; at most 1 TiB) come from the constructor or
 the environment:
 
-========================================================  ==========  =============================
-variable                                                  default     meaning
-========================================================  ==========  =============================
-``VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE``                  512 KiB     plain one-shot ceiling; 0: off
-``VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE``         512 KiB     fused ceiling; 0: off
-``VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE``                  32 MiB      bf16 two-shot ceiling; off/0
-``VLLM_PCIE_TWOSHOT_ROW_ELEMS``                           4096        two-shot needs numel %
-                                                                      (world * row_elems) == 0
-``B12X_ALLREDUCE_TIMEOUT_S``                              60          bound of every cross-GPU wait,
-                                                                      seconds in (0, 3600]
-``B12X_ALLREDUCE_TWOSHOT_PUSH``                           auto        two-shot transport: 1 push,
-                                                                      0 pull, auto: push iff every
-                                                                      pair has native P2P atomics
-                                                                      (NVLink), else pull (PCIe)
-========================================================  ==========  =============================
+=====================================  ==========  ===========================================
+variable                               default     meaning
+=====================================  ==========  ===========================================
+``B12X_ALLREDUCE_ONESHOT_MAX_SIZE``    512 KiB     plain one-shot ceiling; 0: off
+``B12X_ALLREDUCE_FUSED_MAX_SIZE``      512 KiB     fused ceiling; 0: off
+``B12X_ALLREDUCE_TWOSHOT_MAX_SIZE``    32 MiB      bf16 two-shot ceiling; off/0
+``B12X_ALLREDUCE_TWOSHOT_ROW_ELEMS``   4096        two-shot needs numel % (world * row_elems)
+                                                   == 0
+``B12X_ALLREDUCE_TIMEOUT_S``           60          bound of every cross-GPU wait, seconds in
+                                                   (0, 3600]
+``B12X_ALLREDUCE_TWOSHOT_PUSH``        auto        two-shot transport: 1 push, 0 pull, auto:
+                                                   push iff every pair has native P2P
+                                                   atomics (NVLink), else pull (PCIe)
+=====================================  ==========  ===========================================
+
+The four ceilings were named ``VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE``,
+``VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE``,
+``VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE`` and ``VLLM_PCIE_TWOSHOT_ROW_ELEMS``
+(:data:`DEPRECATED`): vLLM warns about every ``VLLM_*`` variable it does not
+know, and refuses to start when its environment check is strict. An old name
+is still read where the new one is unset, with one warning naming the new
+one.
 
 ``B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK`` (a rank) is a test hook: that rank
 fails its slab allocation, which proves one rank's set-up failure disables
@@ -39,6 +46,7 @@ from b12x import _core
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",
+    "DEPRECATED",
     "ENV_FAIL_SETUP_RANK",
     "ENV_FUSED_MAX",
     "ENV_ONESHOT_MAX",
@@ -60,6 +68,8 @@ ENV_TWOSHOT_ROW_ELEMS: Final = _core.ALLREDUCE_ENV["twoshot_row_elems"]
 ENV_TIMEOUT: Final = _core.ALLREDUCE_ENV["timeout_s"]
 ENV_TWOSHOT_PUSH: Final = _core.ALLREDUCE_ENV["twoshot_push"]
 ENV_FAIL_SETUP_RANK: Final = _core.ALLREDUCE_ENV["fail_setup_rank"]
+#: Deprecated variable name -> the name that replaced it.
+DEPRECATED: Final = dict(_core.ALLREDUCE_ENV_DEPRECATED)
 DEFAULT_TIMEOUT_S: Final = _core.ALLREDUCE_DEFAULT_TIMEOUT_S
 
 #: Inclusive byte ceilings of each route (b12x-core's struct): ``Limits()``

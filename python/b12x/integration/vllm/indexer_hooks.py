@@ -22,11 +22,19 @@ from typing import Any
 
 from b12x.integration.vllm import patches
 
-__all__ = ["accept", "install", "installed", "uninstall", "unsupported_reason"]
+__all__ = [
+    "accept",
+    "decline_reason",
+    "install",
+    "installed",
+    "uninstall",
+    "unsupported_reason",
+]
 
 log = logging.getLogger("b12x.integration.vllm")
 
 _LOGGED: set[str] = set()
+_last_decline: list[str] = []  # why the last install() said False
 
 
 def _log_once(reason: str) -> None:
@@ -117,18 +125,25 @@ def install(vllm_config: Any = None) -> bool:
         True when the hooks are in and nothing seen rules b12x out; False
         (the reason logged once) otherwise, with vLLM left as it was.
     """
+    _last_decline.clear()
     reason = unsupported_reason(vllm_config)
-    if reason is not None:
-        _log_once(reason)
-        return False
-    if not patches.installed("indexer"):
+    if reason is None and not patches.installed("indexer"):
         try:
             patches.install("indexer")
         except (ImportError, AttributeError, KeyError) as e:
-            _log_once(f"vLLM's DeepSeek indexer seams are not where b12x expects them ({e!r})")
-            return False
-        log.info("b12x indexer installed for DeepSeek V3.2 / V4 sparse attention")
+            reason = f"vLLM's DeepSeek indexer seams are not where b12x expects them ({e!r})"
+        else:
+            log.info("b12x indexer installed for DeepSeek V3.2 / V4 sparse attention")
+    if reason is not None:
+        _log_once(reason)
+        _last_decline.append(reason)
+        return False
     return True
+
+
+def decline_reason() -> str | None:
+    """Why the last :func:`install` said False (None after one that said True)."""
+    return _last_decline[-1] if _last_decline else None
 
 
 def installed() -> bool:

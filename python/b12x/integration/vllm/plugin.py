@@ -91,6 +91,10 @@ def enabled_components(env: Mapping[str, str] | None = None) -> frozenset[str]:
 def register() -> None:
     """vLLM's plugin hook: installs what ``B12X_VLLM`` asks for; safe to call again.
 
+    With the switch on, b12x's loggers write through vLLM's own handlers
+    (:func:`use_vllm_logging`) and one line says what is on and why the rest
+    is not; with it off nothing is logged.
+
     Raises
     ------
     b12x.ConfigError
@@ -99,32 +103,79 @@ def register() -> None:
     hide_from_vllm_b12x_detection()
     components = enabled_components()
     if not components:
-        logger.debug("b12x vLLM plugin off (%s unset or off)", ENV)
         return
+    use_vllm_logging()
+    on: list[str] = []
+    not_used: list[str] = []
     if "allreduce" in components:
         from b12x.integration.vllm import communicator, fused_op  # noqa: F401 (registers the op)
 
         communicator.install()
+        on.append("allreduce")
     if "indexer" in components:
-        _install_indexer()
-    logger.info("b12x vLLM plugin on: %s", ", ".join(sorted(components)))
+        why = _install_indexer()
+        if why is None:
+            on.append("indexer")
+        else:
+            not_used.append(f"indexer ({why})")
+    text = ", ".join(on) if on else "nothing"
+    if not_used:
+        text += "; not used: " + "; ".join(not_used)
+    logger.info("b12x vLLM plugin on: %s", text)
+    _log_name_clash_once()
 
 
-def _install_indexer() -> bool:
-    """Calls the indexer hooks' ``install`` if this b12x has them."""
+class _ToVllmLog(logging.Handler):
+    """Hands each b12x record to vLLM's ``vllm`` logger, at vLLM's level: its
+    handlers, format and stream, whenever (and however) vLLM configured them."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        target = logging.getLogger("vllm")
+        if target.isEnabledFor(record.levelno):
+            target.handle(record)
+
+
+def use_vllm_logging() -> None:
+    """Makes b12x's loggers write through vLLM's logging; idempotent.
+
+    vLLM configures only its own ``vllm`` logger (``propagate`` off, handlers
+    set when each process configures its logging), so without this b12x's
+    lines reach no handler inside vLLM. Records still propagate to the root
+    logger as before (vLLM's processes give it no handler). A b12x logger the
+    application configured already is left alone.
+    """
+    ours = logging.getLogger("b12x")
+    if ours.handlers:
+        return
+    ours.addHandler(_ToVllmLog())
+    ours.setLevel(logging.DEBUG)  # vLLM's level decides, record by record
+
+
+_NAME_CLASH = (
+    "b12x: vLLM's messages that say 'Install the b12x backend with `pip install vllm[b12x]`' "
+    "mean another package of the same name (GEMM, MoE and attention kernels for SM120); "
+    "installing it replaces this b12x (both are the distribution 'b12x')"
+)
+_clash_logged: list[bool] = []
+
+
+def _log_name_clash_once() -> None:
+    if not _clash_logged:
+        _clash_logged.append(True)
+        logger.info(_NAME_CLASH)
+
+
+def _install_indexer() -> str | None:
+    """Calls the indexer hooks' ``install``; None when they are in, else why not."""
     if importlib.util.find_spec(INDEXER_HOOKS) is None:
-        logger.warning("b12x vLLM plugin: this b12x has no indexer hooks (%s)", INDEXER_HOOKS)
-        return False
+        return f"this b12x has no indexer hooks ({INDEXER_HOOKS})"
     from vllm.config import get_current_vllm_config_or_none
 
-    installed = bool(
-        importlib.import_module(INDEXER_HOOKS).install(
-            vllm_config=get_current_vllm_config_or_none()
-        )
-    )
-    if not installed:
-        logger.warning("b12x vLLM plugin: the indexer hooks declined to install")
-    return installed
+    hooks = importlib.import_module(INDEXER_HOOKS)
+    if hooks.install(vllm_config=get_current_vllm_config_or_none()):
+        return None
+    reason = getattr(hooks, "decline_reason", lambda: None)()
+    return reason or "the indexer hooks declined to install"
 
 
 def hide_from_vllm_b12x_detection() -> None:

@@ -6,7 +6,7 @@
 use crate::error::{Error, Name, Result};
 
 /// Who asks for a size, for messages: `parse_byte_size: value ...` or
-/// `AllReduce: VLLM_PCIE_... ...` (an environment knob names itself).
+/// `AllReduce: B12X_ALLREDUCE_... ...` (an environment knob names itself).
 #[derive(Debug, Clone)]
 pub struct Source {
     pub op: &'static str,

@@ -45,13 +45,26 @@ impl Knob {
     /// The variable's name.
     pub const fn var(self) -> &'static str {
         match self {
-            Knob::OneshotMax => "VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE",
-            Knob::FusedMax => "VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE",
-            Knob::TwoshotMax => "VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE",
-            Knob::TwoshotRowElems => "VLLM_PCIE_TWOSHOT_ROW_ELEMS",
+            Knob::OneshotMax => "B12X_ALLREDUCE_ONESHOT_MAX_SIZE",
+            Knob::FusedMax => "B12X_ALLREDUCE_FUSED_MAX_SIZE",
+            Knob::TwoshotMax => "B12X_ALLREDUCE_TWOSHOT_MAX_SIZE",
+            Knob::TwoshotRowElems => "B12X_ALLREDUCE_TWOSHOT_ROW_ELEMS",
             Knob::TimeoutS => "B12X_ALLREDUCE_TIMEOUT_S",
             Knob::TwoshotPush => "B12X_ALLREDUCE_TWOSHOT_PUSH",
             Knob::FailSetupRank => "B12X_ALLREDUCE_TEST_FAIL_SETUP_RANK",
+        }
+    }
+
+    /// The variable's earlier name, still read (with a warning naming
+    /// [`var`](Knob::var)) where the new one is unset. vLLM warns about every
+    /// unknown `VLLM_*` variable, and refuses to start when told to.
+    pub const fn deprecated_var(self) -> Option<&'static str> {
+        match self {
+            Knob::OneshotMax => Some("VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE"),
+            Knob::FusedMax => Some("VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE"),
+            Knob::TwoshotMax => Some("VLLM_PCIE_TWOSHOT_ALLREDUCE_MAX_SIZE"),
+            Knob::TwoshotRowElems => Some("VLLM_PCIE_TWOSHOT_ROW_ELEMS"),
+            _ => None,
         }
     }
 

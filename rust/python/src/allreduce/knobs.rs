@@ -2,6 +2,8 @@
 
 use b12x_core::allreduce::knobs::{self, EnvValues, Knob};
 use b12x_core::allreduce::{parse_byte_size, LimitField, Limits};
+use std::sync::Mutex;
+
 use b12x_core::Error as CoreError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -11,7 +13,8 @@ use crate::collective::declaration::{real, repr};
 use crate::error::PyB12xResult;
 
 /// Reads `knobs` from `env` (a mapping; None: `os.environ`). A value that is
-/// not a string is an error naming its variable.
+/// not a string is an error naming its variable. A knob's deprecated name is
+/// read where its name is unset, and logged once per process with the new one.
 fn env_values(
     env: Option<&Bound<'_, PyAny>>,
     py: Python<'_>,
@@ -27,14 +30,22 @@ fn env_values(
     };
     let mut values = EnvValues::default();
     for &knob in only {
-        let value = env.call_method1(intern!(py, "get"), (knob.var(),))?;
+        let mut name = knob.var();
+        let mut value = env.call_method1(intern!(py, "get"), (name,))?;
+        if let (true, Some(old)) = (value.is_none(), knob.deprecated_var()) {
+            value = env.call_method1(intern!(py, "get"), (old,))?;
+            if !value.is_none() {
+                name = old;
+                warn_deprecated_once(py, old, knob.var())?;
+            }
+        }
         if value.is_none() {
             continue;
         }
         let Ok(text) = value.cast::<PyString>() else {
             return Err(CoreError::InvalidValue {
                 op: knobs::OP,
-                operand: knob.var().into(),
+                operand: name.into(),
                 expected: "a string (an environment value)".into(),
                 got: repr(&value),
             }
@@ -43,6 +54,24 @@ fn env_values(
         values.set(knob, text.to_str()?);
     }
     Ok(values)
+}
+
+/// One warning per deprecated name and process, on b12x's logger (which runs
+/// through vLLM's handlers inside vLLM).
+fn warn_deprecated_once(py: Python<'_>, old: &'static str, new: &'static str) -> PyResult<()> {
+    static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned.contains(&old) {
+        return Ok(());
+    }
+    warned.push(old);
+    let logger =
+        py.import(intern!(py, "logging"))?.call_method1("getLogger", ("b12x.comm.pcie",))?;
+    logger.call_method1(
+        "warning",
+        (format!("b12x: {old} is deprecated and will be ignored in a later release; set {new}"),),
+    )?;
+    Ok(())
 }
 
 const LIMIT_KNOBS: [Knob; 4] =
@@ -211,6 +240,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         names.set_item(knob.key(), knob.var())?;
     }
     m.add("ALLREDUCE_ENV", names)?;
+    let deprecated = PyDict::new(m.py());
+    for knob in Knob::ALL {
+        if let Some(old) = knob.deprecated_var() {
+            deprecated.set_item(old, knob.var())?;
+        }
+    }
+    m.add("ALLREDUCE_ENV_DEPRECATED", deprecated)?;
     m.add("ALLREDUCE_DEFAULT_TIMEOUT_S", knobs::DEFAULT_TIMEOUT_S)?;
     m.add_class::<PyLimits>()?;
     m.add_function(wrap_pyfunction!(allreduce_parse_byte_size, m)?)?;
