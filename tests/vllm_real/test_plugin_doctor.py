@@ -7,11 +7,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from b12x.integration.vllm import plugin
 
 
-def doctor(switch):
-    env = {k: v for k, v in os.environ.items() if k != plugin.ENV}
+def doctor(switch, **extra):
+    env = {k: v for k, v in os.environ.items() if k not in (plugin.ENV, "VLLM_PLUGINS")}
+    env.update(extra)
     if switch is not None:
         env[plugin.ENV] = switch
     done = subprocess.run(
@@ -51,3 +53,43 @@ def test_status(switch, components):
     assert list(state["would_enable"]) == components
     assert "error" not in state
     assert plugin.status({plugin.ENV: "x"})["error"].startswith("B12X_VLLM: value expected")
+
+
+def test_doctor_says_when_vllm_will_not_load_the_plugin():
+    # issue 21, item 4: VLLM_PLUGINS decides which plugins vLLM loads
+    out = doctor("all", VLLM_PLUGINS="lora_resolver")
+    assert "NOT loaded: VLLM_PLUGINS='lora_resolver' does not name b12x" in out
+    assert "'all': on, but vLLM does not load the plugin: vLLM runs as stock" in out
+    assert "vLLM gets" not in out
+    out = doctor("all", VLLM_PLUGINS="lora_resolver, b12x")
+    assert "NOT loaded" not in out and "'all': on; vLLM gets:" in out
+
+
+def test_doctor_says_why_the_indexer_would_not_be_used_here():
+    out = doctor("indexer")
+    if not torch.cuda.is_available():
+        assert (
+            "not used           no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"
+            in (out)
+        )
+    else:  # one line per mode, with the figures or why there are none
+        assert "    decode" in out and "    prefill" in out
+
+
+def test_the_indexer_rows_give_each_modes_choice_and_its_figures(monkeypatch):
+    from b12x.integration.vllm import indexer_choice
+
+    def on_an_h200(device=0):
+        modes = indexer_choice.choose((9, 0), "exact")
+        return {
+            "modes": {m: (c.b12x, c.why) for m, c in modes.items()},
+            "why_not": indexer_choice.layer_reason((9, 0), "exact"),
+        }
+
+    monkeypatch.setattr(plugin, "indexer_status", on_an_h200)
+    rows = dict(plugin.status_lines(plugin.status({plugin.ENV: "indexer"})))
+    assert (
+        rows["    decode"] == "vLLM's own path: no b12x vs stock vLLM figures for decode on sm_90"
+    )
+    assert rows["    prefill"].startswith("vLLM's own path: no b12x vs stock vLLM figures")
+    assert rows["    not used"].endswith("(one layer serves both modes); vLLM's own indexer runs")

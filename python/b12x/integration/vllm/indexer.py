@@ -49,6 +49,7 @@ from b12x.integration.vllm import _hooks
 
 __all__ = [
     "COMPRESS_RATIOS",
+    "PRECISION",
     "PREFILL_ROUTE",
     "C4SparseIndexer",
     "DeepseekV4B12xSparseIndexer",
@@ -64,6 +65,9 @@ PAGE_BYTES = _core.INDEXER_PAGE_BYTES
 PREFILL_ROUTE = _core.INDEXER_PREFILL_ROUTE
 #: K rows per token: 1 for DeepSeek V3.2 / GLM DSA, 4 for DeepSeek V4 C4 layers.
 COMPRESS_RATIOS = (1, 4)
+#: The precision the adapter's plans are made with (the same logits on every
+#: GPU); what :mod:`~b12x.integration.vllm.indexer_choice` compares with stock vLLM.
+PRECISION = "exact"
 _MODULE_NAMES = ("Caps", "plan", "bind", "run", "is_supported", "PAGED_INDEX_PAGE_SIZE")
 
 
@@ -268,6 +272,7 @@ class C4SparseIndexer(torch.nn.Module):
                 max_page_table_width=max(width, 1),
                 topk=self.topk_tokens,
                 mode=mode,
+                precision=PRECISION,
             )
         )
         if mode == "prefill":

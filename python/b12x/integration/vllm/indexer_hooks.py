@@ -9,9 +9,11 @@ DSA layer built afterwards plans, binds and runs b12x's indexer, with
 metadata from b12x's builder. vLLM is imported only when ``install`` runs.
 
 Every layer decides again when it is built, from the config it is built
-with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
-decode or prefill context parallelism, adaptive verification) gets vLLM's
-own classes, and the reason is logged once. ``install`` says False, with the reason logged once,
+with: an unsupported one (no GPU the kernels run on, a GPU where the
+committed figures do not show b12x at least as fast as stock vLLM for both
+decode and prefill (:mod:`.indexer_choice`), an MXFP4 index cache, decode or
+prefill context parallelism, adaptive verification) gets vLLM's own classes,
+and the reason is logged once. ``install`` says False, with the reason logged once,
 when what it can see already rules b12x out.
 """
 
@@ -20,7 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from b12x.integration.vllm import patches
+from b12x.integration.vllm import indexer_choice, patches
+from b12x.integration.vllm.indexer import PRECISION
 
 __all__ = [
     "accept",
@@ -43,8 +46,9 @@ def _log_once(reason: str) -> None:
         log.info("b12x indexer not used: %s; vLLM's own indexer runs", reason)
 
 
-def _device_reason() -> str | None:
-    """Why this process's GPU cannot run the kernels, or None.
+def _gpu() -> tuple[tuple[int, int] | None, str | None]:
+    """``(compute capability, None)`` of this process's GPU, or ``(None, why)``
+    when it cannot run the kernels.
 
     Before CUDA is initialised (a plugin loads before vLLM forks its
     workers) only NVML is asked, through vLLM's platform, so no CUDA
@@ -53,26 +57,35 @@ def _device_reason() -> str | None:
     """
     import torch
 
+    from b12x import _core
     from b12x.attention import dsa_indexer
 
     if torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         if not dsa_indexer.is_supported(device):
-            return f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
-        return None
+            return None, f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
+        return tuple(_core.device_info(device)["compute_capability"]), None
     try:
         from vllm.platforms import current_platform
     except ImportError as e:
-        return f"vLLM is not importable ({e})"
+        return None, f"vLLM is not importable ({e})"
     if not current_platform.is_cuda():
-        return f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
-    from b12x import _core
-
+        return None, f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
     capability = current_platform.get_device_capability()
     least = _core.MIN_COMPUTE_CAPABILITY
     if capability is None or tuple(capability) < least:
-        return f"GPU compute capability {capability} is below {least} (FP8 MMA)"
-    return None
+        return None, f"GPU compute capability {capability} is below {least} (FP8 MMA)"
+    return (int(capability[0]), int(capability[1])), None
+
+
+def _device_reason() -> str | None:
+    """Why this process's GPU does not get b12x's indexer, or None: it cannot
+    run the kernels, or the committed figures do not show b12x at least as
+    fast as stock vLLM there for both serving modes (:mod:`.indexer_choice`)."""
+    capability, reason = _gpu()
+    if capability is None:
+        return reason
+    return indexer_choice.layer_reason(capability, PRECISION)
 
 
 def _config_reason(vllm_config: Any) -> str | None:

@@ -195,15 +195,42 @@ def hide_from_vllm_b12x_detection() -> None:
         return
 
 
+def vllm_loads_plugin(env: Mapping[str, str]) -> bool:
+    """Whether vLLM loads b12x's plugin: ``VLLM_PLUGINS`` unset (every
+    plugin), or a comma list that names ``b12x``."""
+    allowed = env.get("VLLM_PLUGINS")
+    return allowed is None or "b12x" in [name.strip() for name in allowed.split(",")]
+
+
+def indexer_status(device: int = 0) -> dict[str, Any]:
+    """What the indexer would do on CUDA ``device`` (no vLLM needed): ``{"why_not":
+    reason}`` where its kernels do not run, else ``{"modes": {mode: (b12x, why)},
+    "why_not": the reason a layer keeps vLLM's indexer, or None}``."""
+    from b12x import _core, cuda
+    from b12x.attention import dsa_indexer
+    from b12x.integration.vllm import indexer_choice
+    from b12x.integration.vllm.indexer import PRECISION
+
+    if not cuda.is_available() or not dsa_indexer.is_supported(device):
+        return {"why_not": "no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"}
+    capability = tuple(_core.device_info(device)["compute_capability"])
+    modes = indexer_choice.choose(capability, PRECISION)
+    return {
+        "modes": {m: (c.b12x, c.why) for m, c in modes.items()},
+        "why_not": indexer_choice.layer_reason(capability, PRECISION),
+    }
+
+
 def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The plugin's state for ``b12x doctor``; never raises, never imports vLLM.
 
     Keys: ``entry_point`` (whether the installed b12x registers it with
-    vLLM), ``vllm`` (installed vLLM version or None), ``switch`` (the raw
-    ``B12X_VLLM``), ``components`` (sorted names it turns on) or ``error``,
-    ``would_enable`` (what each turns on), ``indexer_hooks`` (whether this
-    b12x has them), ``active`` (this process: ``allreduce_installed``,
-    ``live_slots``).
+    vLLM), ``loaded`` (whether vLLM loads it: ``VLLM_PLUGINS``), ``vllm``
+    (installed vLLM version or None), ``switch`` (the raw ``B12X_VLLM``),
+    ``components`` (sorted names it turns on) or ``error``, ``would_enable``
+    (what each turns on), ``indexer_hooks`` (whether this b12x has them),
+    ``indexer`` (:func:`indexer_status`, when the switch asks for it),
+    ``active`` (this process: ``allreduce_installed``, ``live_slots``).
     """
     import importlib.metadata as metadata
     import sys
@@ -215,6 +242,8 @@ def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         info["entry_point"] = any(p.value == ENTRY_POINT for p in points)
     except Exception:
         info["entry_point"] = False
+    info["loaded"] = vllm_loads_plugin(env)
+    info["vllm_plugins"] = env.get("VLLM_PLUGINS")
     try:
         info["vllm"] = metadata.version("vllm")
     except metadata.PackageNotFoundError:
@@ -231,6 +260,11 @@ def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         info["indexer_hooks"] = importlib.util.find_spec(INDEXER_HOOKS) is not None
     except Exception:
         info["indexer_hooks"] = False
+    if "indexer" in info["components"]:
+        try:
+            info["indexer"] = indexer_status()
+        except Exception as e:  # doctor reports, never fails
+            info["indexer"] = {"why_not": f"could not check ({type(e).__name__}: {e})"}
     active: dict[str, Any] = {"allreduce_installed": False, "live_slots": 0}
     if "b12x.integration.vllm.communicator" in sys.modules:
         from b12x.integration.vllm import communicator
@@ -245,15 +279,29 @@ def status_lines(state: Mapping[str, Any]) -> list[tuple[str, str]]:
     """:func:`status` as ``b12x doctor`` prints it: ``(label, text)`` rows."""
     vllm = state.get("vllm") or "not installed"
     registered = "registered" if state.get("entry_point") else "NOT registered (reinstall b12x)"
-    rows = [("vLLM plugin", f"entry point {registered}; vLLM {vllm}")]
+    plugin_row = f"entry point {registered}; vLLM {vllm}"
+    if not state.get("loaded", True):
+        plugin_row += f"; NOT loaded: VLLM_PLUGINS={state.get('vllm_plugins')!r} does not name b12x"
+    rows = [("vLLM plugin", plugin_row)]
     switch = state.get("switch")
     shown = "unset" if switch is None else repr(switch)
     if "error" in state:
         return [*rows, (ENV, f"{shown}: {state['error']}")]
     if not state.get("components"):
         return [*rows, (ENV, f"{shown}: off, vLLM runs as stock")]
+    if not state.get("loaded", True):
+        return [*rows, (ENV, f"{shown}: on, but vLLM does not load the plugin: vLLM runs as stock")]
     rows.append((ENV, f"{shown}: on; vLLM gets:"))
     for name, what in state.get("would_enable", {}).items():
-        missing = name == "indexer" and not state.get("indexer_hooks")
-        rows.append((f"  {name}", what + (" (not in this b12x)" if missing else "")))
+        if name == "indexer" and not state.get("indexer_hooks"):
+            rows.append((f"  {name}", what + " (not in this b12x)"))
+            continue
+        rows.append((f"  {name}", what))
+        indexer = state.get("indexer") if name == "indexer" else None
+        if indexer is None:
+            continue
+        for mode, (b12x, why) in indexer.get("modes", {}).items():
+            rows.append((f"    {mode}", ("b12x: " if b12x else "vLLM's own path: ") + why))
+        if indexer.get("why_not"):
+            rows.append(("    not used", indexer["why_not"] + "; vLLM's own indexer runs"))
     return rows
