@@ -16,14 +16,21 @@ from b12x.errors import B12xError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from b12x import _core
+
     parser = argparse.ArgumentParser(prog="b12x", description="b12x tools")
+    parser.add_argument("--version", action="version", version=f"b12x {_core.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("doctor", help="versions, driver, GPUs, peer access, PTX load check")
 
     demo = sub.add_parser("demo", help="the main job: a miniature TP decode step")
     demo.add_argument(
-        "--gpus", type=non_negative_int, default=None, help="GPUs to use (default: all)"
+        "--gpus",
+        type=non_negative_int,
+        default=None,
+        help="GPUs to use (default: all): 0 runs only the CPU steps, 1 adds the GPU "
+        "indexer step, 2 or more the multi-GPU layer step too",
     )
 
     bench = sub.add_parser("bench", help="benchmarks (table on stdout, JSON with --json)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import b12x
 import pytest
 import torch
 from b12x import cli
@@ -135,3 +136,33 @@ def test_the_console_command_exits_with_the_codes():
     assert runtime.stderr.strip().splitlines() == [
         "b12x bench plan: error: Caps: num_q_heads expected an integer in [1, 64], got 65"
     ]
+
+
+# --- issue 21, item 10 ---------------------------------------------------------------------
+
+
+def test_version_prints_and_exits_0(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"b12x {b12x.__version__}"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_bench_indexer_without_a_gpu_is_one_line_on_stderr_and_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "indexer.json"
+    line = one_line_failure(["bench", "indexer", "--json", str(out)], capsys)
+    assert line == "b12x bench indexer: error: no supported CUDA device: nothing to measure"
+    assert not out.exists()
+    assert capsys.readouterr().out == ""
+
+
+def test_help_texts_cite_nothing_the_user_does_not_have(capsys):
+    for argv in (["bench", "--help"], ["bench", "lookup", "--help"], ["demo", "--help"]):
+        with pytest.raises(SystemExit):
+            cli.main(argv)
+        text = capsys.readouterr().out
+        assert "spec §" not in text and "reference-" not in text, (argv, text)
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "0 runs only the CPU steps" in " ".join(capsys.readouterr().out.split())

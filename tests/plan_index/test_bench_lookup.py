@@ -90,3 +90,22 @@ def test_the_bench_reports_every_arm_and_case(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "b12x max/min over N" in printed
     assert "b12x/dict" in printed
+
+
+def test_the_default_sweep_stops_at_4096_and_the_full_one_is_an_option():
+    from b12x.bench import lookup
+    from b12x.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "lookup"])
+    assert args.declarations is None and not args.full
+    assert lookup.DEFAULT_N == (64, 512, 4096) and lookup.FULL_N[-1] == 65536
+    assert build_parser().parse_args(["bench", "lookup", "--full"]).full
+
+
+def test_progress_goes_to_stderr_one_line_per_arm(capsys):
+    argv = ["bench", "lookup", "--declarations", "3", "--iterations", "2", "--repeats", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0].strip() for line in err] == [
+        f"N=3 {case} {arm}" for case in ("hit", "miss") for arm in ("scan", "dict", "b12x")
+    ]
