@@ -824,3 +824,52 @@ def test_the_fused_op_traces_with_its_fake_implementation():
     assert [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write] == [
         "residual"
     ]
+
+
+# --- shaped like vLLM's CustomAllreduce (issue 21, items 7 and 8) ---------------------------
+
+
+def test_dropping_the_adapter_closes_its_runtime():
+    runtime = FakeRuntime.make()
+    comm = PcieAllReduce(device=CPU, runtime=runtime)
+    assert runtime.enabled
+    del comm
+    gc.collect()
+    assert runtime.closed == 1 and not runtime.enabled
+
+
+def test_all_gather_and_reduce_scatter_decline_without_a_fallback():
+    comm, runtime = comm_with()
+    x = torch.ones((4, 8), dtype=torch.bfloat16)
+    assert comm.custom_all_gather(x) is None and comm.custom_reduce_scatter(x) is None
+    assert runtime.calls == []
+
+
+def test_the_adapter_takes_every_constructor_form_vllm_and_the_fork_use():
+    runtime = FakeRuntime.make()
+    # vLLM: (group=, device=, symm_mem_enabled=, register_graph_buffers=); the fork adds
+    # device_group=; max_size is vLLM's own option
+    comm = PcieAllReduce(
+        device=CPU,
+        runtime=runtime,
+        device_group=object(),
+        symm_mem_enabled=False,
+        register_graph_buffers=True,
+        max_size=8 << 20,
+    )
+    assert not comm.disabled
+    comm.close()
+
+
+def test_a_slot_whose_vllm_half_failed_to_build_logs_no_second_error(monkeypatch, caplog):
+    from b12x.integration.vllm import communicator
+
+    class Refusing:
+        def __init__(self, group, device, **options):
+            raise RuntimeError("vLLM's own custom all-reduce failed to build")
+
+    monkeypatch.setattr(communicator, "_stock_class", lambda: Refusing)
+    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="failed to build"):
+        communicator.B12xCustomAllreduce(group=Group(), device=CPU, device_group=object())
+    gc.collect()
+    assert "teardown" not in caplog.text and "Exception ignored" not in caplog.text

@@ -111,3 +111,8 @@ def test_declines_to_stock_vllm_and_logs_once(tp_ranks, case, logged):
     assert state["disabled"] is True  # vLLM's own custom all-reduce has no GPU here either
     assert state["correct"]
     assert len(state["warnings"]) == 1 and logged in state["warnings"][0]
+
+
+def test_the_forks_constructor_form_builds_the_slot_and_leaves_nothing_half_built(tp_ranks):
+    state = both(tp_ranks.run("fork_constructor"))
+    assert state == {"taken": True, "correct": True, "stock": "CustomAllreduce", "unraisable": []}

@@ -423,3 +423,40 @@ def declines(rank: int, case: str) -> dict[str, Any]:
     first.destroy()
     second.destroy()
     return state
+
+
+def fork_constructor(rank: int) -> dict[str, Any]:
+    """Issue 21, item 7: the voipmonitor fork builds its all-reduce as
+    ``(group=..., device_group=..., device=...)``; b12x's slot takes it, hands
+    vLLM's own class only what it takes, and leaves no half-built object."""
+    import gc
+    import sys
+
+    from b12x.integration.vllm.communicator import B12xCustomAllreduce
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.parallel_state import get_tp_group
+
+    load_plugins("allreduce")
+    use_runtime(gloo_runtime)
+    unraisable: list[str] = []
+    previous, sys.unraisablehook = sys.unraisablehook, lambda u: unraisable.append(repr(u))
+    try:
+        tp = get_tp_group()
+        with set_current_vllm_config(vllm_config()):
+            slot = B12xCustomAllreduce(
+                group=tp.cpu_group, device_group=tp.device_group, device=torch.device("cpu")
+            )
+        x = rank_input(rank, (4, HIDDEN))
+        taken = slot.should_custom_ar(x)
+        out = slot.custom_all_reduce(x)
+        state = {
+            "taken": taken,
+            "correct": bool(torch.equal(out, expected_sum((4, HIDDEN)))),
+            "stock": type(slot.fallback).__name__,
+        }
+        del slot
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    state["unraisable"] = unraisable
+    return state
