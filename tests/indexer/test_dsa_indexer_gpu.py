@@ -402,7 +402,7 @@ def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     b, out, sc = bind_for(plan, inputs)
     di.run(b)
     stage = _core.indexer_build_plan(plan.caps, topk_only=True)
-    assert stage.topk_only and repr(stage).endswith(", topk_only=true)")
+    assert stage.topk_only and repr(stage).endswith(", stages=topk_only)")
     out2 = torch.full_like(out, 7777)
     sc2 = torch.full_like(sc, float("nan"))
     b2 = di.bind(stage, scratch=b.scratch, output_indices=out2, output_scores=sc2, **inputs)
@@ -411,6 +411,28 @@ def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     check(inputs, 512, out2, sc2)
     assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
     assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
+
+
+def test_a_score_only_plan_writes_the_logits_and_leaves_the_outputs():
+    # the benchmark's score_only arm: the scorer alone, the same logits as a full run
+    inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=44)
+    plan = plan_for(inputs, 512)
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    torch.cuda.synchronize()
+    logits = di.scratch_views(b)["logits"].clone()
+    stage = _core.indexer_build_plan(plan.caps, score_only=True)
+    assert stage.score_only and not stage.topk_only
+    out2 = torch.full_like(out, 7777)
+    scratch = torch.full_like(b.scratch, 0xAB)
+    b2 = di.bind(stage, scratch=scratch, output_indices=out2, output_scores=None, **inputs)
+    di.run(b2)
+    torch.cuda.synchronize()
+    assert torch.all(out2 == 7777)
+    lengths = inputs["cache_lengths"].tolist()
+    again = di.scratch_views(b2)["logits"]
+    for r, n in enumerate(lengths):
+        assert torch.equal(again[r, :n].view(torch.int32), logits[r, :n].view(torch.int32))
 
 
 def test_run_without_scores():

@@ -460,10 +460,13 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
             pad: 0,
         };
         let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-        if !plan.topk_only() {
+        if plan.stages().scores() {
             // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
             // validity is the caller's contract.
             unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        }
+        if !plan.stages().selects() {
+            continue;
         }
         tp.chunk = c;
         let steps: &[(Kernel, (u32, u32, u32), TopkStage)] = if slices == 1 {

@@ -11,7 +11,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use b12x_core::indexer::{
     self, Caps, CapsRequest, DeviceFacts, IndexSpace, InternCache, MmaFlavor, Mode, Operands,
-    PageFault, Plan, PlanOptions, Precision, Region, PAGE_SIZE,
+    PageFault, Plan, PlanOptions, Precision, Region, Stages, PAGE_SIZE,
 };
 use b12x_core::{DType, Device, Error as CoreError};
 use b12x_cuda::indexer::{available_flavors, launch_indexer};
@@ -630,7 +630,13 @@ impl PyPlan {
     /// True for a benchmark plan that runs the top-k stage only.
     #[getter]
     fn topk_only(&self) -> bool {
-        self.plan.topk_only()
+        self.plan.stages() == Stages::TopkOnly
+    }
+    /// True for a benchmark plan that runs the scorer only (logits into the
+    /// scratch; the outputs are not written).
+    #[getter]
+    fn score_only(&self) -> bool {
+        self.plan.stages() == Stages::ScoreOnly
     }
     #[getter]
     fn nbytes(&self) -> u64 {
@@ -731,18 +737,34 @@ fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xResult<Py<PyP
 /// A new, uncached plan every call (for benchmarks and tests), optionally
 /// with the scorers' MMA flavor forced to ``mma_flavor`` (one the device
 /// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use),
-/// or running the top-k stage only (``topk_only``: on the logits a full run
-/// left in the scratch; the benchmark's ``topk_only`` arm).
+/// or running one stage alone: the top-k (``topk_only``: on the logits a
+/// full run left in the scratch) or the scorer (``score_only``: logits into
+/// the scratch, outputs unwritten), the benchmark's stage arms.
 #[pyfunction]
-#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false))]
+#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false, score_only=false))]
 fn indexer_build_plan(
     py: Python<'_>,
     caps: &Bound<'_, PyCaps>,
     mma_flavor: Option<&str>,
     topk_only: bool,
+    score_only: bool,
 ) -> PyB12xResult<Py<PyPlan>> {
     let mma_flavor = mma_flavor.map(MmaFlavor::parse).transpose()?;
-    build_plan(py, caps.get(), &PlanOptions { mma_flavor, topk_only })
+    let stages = match (topk_only, score_only) {
+        (false, false) => Stages::All,
+        (true, false) => Stages::TopkOnly,
+        (false, true) => Stages::ScoreOnly,
+        (true, true) => {
+            return Err(CoreError::InvalidValue {
+                op: "plan",
+                operand: "topk_only, score_only".into(),
+                expected: "at most one of them".into(),
+                got: "both".into(),
+            }
+            .into())
+        }
+    };
+    build_plan(py, caps.get(), &PlanOptions { mma_flavor, stages })
 }
 
 #[pyfunction]

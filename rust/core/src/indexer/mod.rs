@@ -33,7 +33,7 @@ pub use caps::{
 };
 pub use fault::{PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
-pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};
+pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route, Stages};
 
 /// Compressed K rows per page of the index cache.
 pub const PAGE_SIZE: u32 = 64;

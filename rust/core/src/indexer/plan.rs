@@ -110,9 +110,39 @@ pub struct PlanOptions {
     /// Run this MMA flavor instead of the device's (it must run there: the
     /// caller checks that against the loaded kernels).
     pub mma_flavor: Option<MmaFlavor>,
-    /// Launch the top-k stage only, on the logits already in the scratch
-    /// (the benchmark's `topk_only` arm; meaningful for one-chunk plans).
-    pub topk_only: bool,
+    /// Which stages a run launches (benchmarks time each stage alone).
+    pub stages: Stages,
+}
+
+/// The stages a run launches: both (every real call), or one alone for the
+/// benchmark's stage arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Stages {
+    #[default]
+    All,
+    /// The scorer alone: logits into the scratch, no selection (outputs unwritten).
+    ScoreOnly,
+    /// The top-k alone, on the logits already in the scratch (meaningful for
+    /// one-chunk plans, after a full run over the same scratch).
+    TopkOnly,
+}
+
+impl Stages {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stages::All => "all",
+            Stages::ScoreOnly => "score_only",
+            Stages::TopkOnly => "topk_only",
+        }
+    }
+    /// Whether runs launch the scorer.
+    pub const fn scores(self) -> bool {
+        !matches!(self, Stages::TopkOnly)
+    }
+    /// Whether runs launch the selection.
+    pub const fn selects(self) -> bool {
+        !matches!(self, Stages::ScoreOnly)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +151,7 @@ pub struct Plan {
     route: Route,
     /// None on the CPU, where the reference runs.
     mma_flavor: Option<MmaFlavor>,
-    topk_only: bool,
+    stages: Stages,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -208,19 +238,19 @@ impl Plan {
             multiprocessors: multiprocessors as u64,
             topk_slices,
         })?;
-        if options.topk_only && !caps.device.is_cuda() {
+        if options.stages != Stages::All && !caps.device.is_cuda() {
             return Err(Error::InvalidValue {
                 op: "plan",
-                operand: "topk_only".into(),
-                expected: "false on a CPU plan (the reference runs the whole op)".into(),
-                got: "true".into(),
+                operand: "stages".into(),
+                expected: "all on a CPU plan (the reference runs the whole op)".into(),
+                got: options.stages.name().into(),
             });
         }
         Ok(Plan {
             caps,
             route,
             mma_flavor,
-            topk_only: options.topk_only,
+            stages: options.stages,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -247,10 +277,10 @@ impl Plan {
     pub fn mma_flavor(&self) -> Option<MmaFlavor> {
         self.mma_flavor
     }
-    /// Whether runs launch the top-k stage only ([`PlanOptions::topk_only`]).
+    /// The stages runs launch ([`PlanOptions::stages`]).
     #[inline]
-    pub fn topk_only(&self) -> bool {
-        self.topk_only
+    pub fn stages(&self) -> Stages {
+        self.stages
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -314,8 +344,8 @@ impl fmt::Display for Plan {
             self.caps.precision.name(),
             self.mma_flavor.map_or("reference", MmaFlavor::name)
         )?;
-        if self.topk_only {
-            write!(f, ", topk_only=true")?;
+        if self.stages != Stages::All {
+            write!(f, ", stages={}", self.stages.name())?;
         }
         Ok(())
     }
@@ -449,10 +479,15 @@ mod tests {
             "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
         );
         assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
-        let stage = PlanOptions { topk_only: true, ..PlanOptions::default() };
-        let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
-        assert!(p.topk_only() && p.to_string().ends_with(", topk_only=true"));
-        assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
+        for stages in [Stages::TopkOnly, Stages::ScoreOnly] {
+            let stage = PlanOptions { stages, ..PlanOptions::default() };
+            let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
+            assert_eq!(p.stages(), stages);
+            assert!(p.to_string().ends_with(&format!(", stages={}", stages.name())));
+            assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
+        }
+        assert!(Stages::All.scores() && Stages::All.selects());
+        assert!(!Stages::TopkOnly.scores() && !Stages::ScoreOnly.selects());
         assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }
