@@ -225,12 +225,16 @@ def test_negative_weights_and_nan_logits():
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
 
 
+# The inexact flavors (FP8 wgmma accumulation), sm_90 only; tma_fp8 is the default.
+FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
+
+
 def device_flavors(*, fast=False):
     """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
     sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only); with
-    ``fast`` also the fast one (wgmma_fp8, sm_90 only)."""
+    ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
     if torch.cuda.get_device_capability() == (9, 0):
-        return ("e4m3", "f16", "wgmma") + (("wgmma_fp8",) if fast else ())
+        return ("e4m3", "f16", "wgmma") + (FAST_FLAVORS if fast else ())
     return ("e4m3", "f16")
 
 
@@ -323,7 +327,7 @@ def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
     for flavor in device_flavors(fast=True):
         # the fast flavor's logits are not the reference's: check only that every
         # selected index is a candidate (the near-tie tolerance covers the rest)
-        tol = {} if flavor != "wgmma_fp8" else {"tie_atol": math.inf, "score_atol": math.inf}
+        tol = {} if flavor not in FAST_FLAVORS else {"tie_atol": math.inf, "score_atol": math.inf}
         for space in ("logical", "physical"):
             plan = plan_for(inputs, 512, mode=mode, space=space, supertile=1024, flavor=flavor)
             b, out, sc = bind_for(plan, inputs)
@@ -369,7 +373,7 @@ def test_fast_precision_keeps_its_contract(mode, heads):
     exact = plan_for(inputs, topk, mode=mode)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert plan.precision == "fast" and exact.precision == "exact"
-    assert plan.mma_flavor == ("wgmma_fp8" if hopper else exact.mma_flavor)
+    assert plan.mma_flavor == ("tma_fp8" if hopper else exact.mma_flavor)
     assert "precision=fast, mma_flavor=" + plan.mma_flavor in repr(plan)
     assert plan.max_chunks == 1  # the logits region holds every position
     b, out, sc = bind_for(plan, inputs)
@@ -392,6 +396,74 @@ def test_fast_precision_keeps_its_contract(mode, heads):
             tie_atol=2 * tol, tie_rtol=0.0, score_atol=tol,
         )  # fmt: skip
     print(f"{plan.mma_flavor}: worst logit error {worst:.2e} of its magnitude")
+
+
+def check_fast(inputs, topk, plan, b, out, sc):
+    """A fast flavor's call: logits (one-chunk plans) within 1e-3 of the fp32
+    reference relative to their magnitude, the selection tie-aware within it."""
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    mag = logit_magnitude(inputs)
+    tol = 1e-3 * float(mag.max())
+    if plan.max_chunks == 1:
+        rows = inputs["q_fp8"].shape[0]
+        width = inputs["page_table"].shape[1]
+        got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+        limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
+        for r in range(rows):
+            c = cand[r, : limits[r]]
+            g, e, m = got[r, : limits[r]][c], expected[r, : limits[r]][c], mag[r, : limits[r]][c]
+            err = (g - e).abs()
+            assert bool((err <= 1e-3 * m).all()), f"row {r}: {float((err / m).max()):.2e} relative"
+            skipped = got[r, : limits[r]][~c].view(torch.int32)
+            assert bool((skipped == -1).all()), f"row {r}: a non-candidate was scored"
+    ref.assert_topk_equivalent(
+        out, sc, expected, cand, topk, page_table=inputs["page_table"],
+        index_space=plan.caps.output_index_space, tie_atol=2 * tol, tie_rtol=0.0, score_atol=tol,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+@pytest.mark.parametrize(
+    "rows,heads,width,lengths,supertile",
+    [
+        # many rows of uneven length: CTAs' work ranges span rows and row blocks
+        (70, 64, 30, [30 * PAGE - 3 - 27 * i for i in range(70)], 1024),
+        # ragged heads (padded with zeros), lengths 0 and below topk, a partial page
+        (13, 20, 12, [0, 5, 511, 512, 700, 12 * PAGE, 1, 64, 65, 300, 640, 0, 767], 0),
+        # several chunks with a carry
+        (3, 48, 40, [40 * PAGE, 33 * PAGE - 5, 1000], 1024),
+        # one long row over every SM
+        (1, 64, 600, [600 * PAGE - 17], 0),
+    ],
+)
+def test_fast_flavors_against_the_reference(mode, rows, heads, width, lengths, supertile):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 1)], seed=rows + heads)
+    for flavor in FAST_FLAVORS:
+        for space in ("logical", "physical"):
+            plan = plan_for(inputs, 512, mode=mode, space=space, supertile=supertile, flavor=flavor)
+            b, out, sc = bind_for(plan, inputs)
+            di.run(b)
+            torch.cuda.synchronize()
+            check_fast(inputs, 512, plan, b, out, sc)
+
+
+def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    # page ids whose byte offset passes 2^31 (the tensor map's page stride is 64-bit)
+    stride = (1 << 20) + 16
+    inputs = make_case(4, 64, 8, [8 * PAGE, 300, 8 * PAGE - 1, 64], page_stride=stride,
+                       pid_offset=2048, seed=91)  # fmt: skip
+    assert int(inputs["page_table"].min()) * stride > 2**31
+    for flavor in FAST_FLAVORS:
+        plan = plan_for(inputs, 512, flavor=flavor)
+        b, out, sc = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        check_fast(inputs, 512, plan, b, out, sc)
 
 
 def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
@@ -417,7 +489,7 @@ def test_a_score_only_plan_writes_the_logits_and_leaves_the_outputs():
     # the benchmark's score_only arm: the scorer alone, the same logits as a full run
     inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=44)
     plan = plan_for(inputs, 512)
-    b, out, sc = bind_for(plan, inputs)
+    b, out, _ = bind_for(plan, inputs)
     di.run(b)
     torch.cuda.synchronize()
     logits = di.scratch_views(b)["logits"].clone()

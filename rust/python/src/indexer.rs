@@ -14,7 +14,7 @@ use b12x_core::indexer::{
     PageFault, Plan, PlanOptions, Precision, Region, Stages, PAGE_SIZE,
 };
 use b12x_core::{DType, Device, Error as CoreError};
-use b12x_cuda::indexer::{available_flavors, launch_indexer};
+use b12x_cuda::indexer::{available_flavors, launch_indexer, LaunchRecipe};
 use pyo3::exceptions::PyOverflowError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -226,7 +226,7 @@ fn quote_huge(e: CoreError, args: &[IntArg]) -> CoreError {
 /// ``precision`` "exact" (the default): fp32 accumulation of exact FP8
 /// products, the same logits on every architecture. "fast": a device may use
 /// a faster MMA with reduced-precision accumulation (Hopper: FP8 wgmma,
-/// ``Plan.mma_flavor == "wgmma_fp8"``); every logit stays within 1e-3 of the
+/// ``Plan.mma_flavor == "tma_fp8"``); every logit stays within 1e-3 of the
 /// exact one relative to its magnitude, ``scale * sum_h |w_h| * |q_h . k|``
 /// (1e-3 relative to the logit itself when no term is negative), and the
 /// selected set equals the exact one's except for indices whose logit lies
@@ -544,6 +544,8 @@ impl PyLayout {
 #[pyclass(name = "Plan", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyPlan {
     plan: Arc<Plan>,
+    /// What a run launches (None on the CPU), resolved here, not per call.
+    recipe: Option<LaunchRecipe>,
     caps: Py<PyCaps>,
     layout: Py<PyLayout>,
     specs: Py<PyTuple>,
@@ -616,7 +618,7 @@ impl PyPlan {
         self.plan.caps().precision.name()
     }
     /// The scorers' MMA flavor, resolved from the device and the precision:
-    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" (fast, sm_90) on a GPU
+    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" / "tma_fp8" (fast, sm_90) on a GPU
     /// (see ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
     #[getter]
     fn mma_flavor(&self) -> &'static str {
@@ -710,6 +712,7 @@ fn build_plan(py: Python<'_>, caps: &PyCaps, options: &PlanOptions) -> PyB12xRes
         )?,
         specs: PyTuple::new(py, [Py::new(py, spec)?])?.unbind(),
         shapes: PyTuple::new(py, [shapes.into_py_any(py)?])?.unbind(),
+        recipe: if plan.caps().device.is_cuda() { Some(LaunchRecipe::new(&plan)?) } else { None },
         plan,
     };
     Ok(Py::new(py, out)?)
@@ -1045,7 +1048,16 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     // strides, device, extent, disjointness) and carved the scratch regions
     // from a buffer of at least plan.nbytes(); the binding holds the tensors,
     // and the stream is torch's current stream of that device.
-    unsafe { launch_indexer(&b.core, stream)? };
+    let Some(recipe) = b.plan.get().recipe.as_ref() else {
+        return Err(CoreError::Device {
+            op: "run",
+            operand: "binding".into(),
+            expected: Device::Cuda(args.device),
+            got: Device::Cpu,
+        }
+        .into());
+    };
+    unsafe { launch_indexer(&b.core, recipe, stream)? };
     Ok(())
 }
 
