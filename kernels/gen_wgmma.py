@@ -17,7 +17,7 @@ KERNELS = Path(__file__).resolve().parent
 WIDTHS = (16, 32, 48, 64, 96, 128)
 # N of the TMA-fed scorers (indexer_hopper.cu): decode N = padded heads, prefill
 # N = 4 query rows * padded heads.
-SS_WIDTHS = (16, 32, 48, 64, 128, 192, 256)
+SS_WIDTHS = (16, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)

@@ -129,12 +129,14 @@ def check(inputs, topk, out, sc, *, space="logical"):
 
 @pytest.mark.parametrize("heads", [16, 32, 64])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_decode_grid(heads, topk):
-    width = 48  # 3072 K rows: 3 chunks of 1024
+# 3 chunks of 1024, or one chunk (on sm_90: the cluster top-k)
+@pytest.mark.parametrize("supertile", [1024, 0])
+def test_decode_grid(heads, topk, supertile):
+    width = 48  # 3072 K rows
     lengths = [0, topk // 2 + 3, width * PAGE - 37, 2000, 64, width * PAGE]
     inputs = make_case(len(lengths), heads, width, lengths, seed=heads + topk)
-    plan, out, sc = run_case(inputs, topk, supertile=1024)
-    assert plan.max_chunks == 3
+    plan, out, sc = run_case(inputs, topk, supertile=supertile)
+    assert plan.max_chunks == (3 if supertile else 1)
     check(inputs, topk, out, sc)
 
 
@@ -180,10 +182,11 @@ def test_shared_prefill_matches_expanded_table(heads):
     assert same >= rows - 2  # both exact; near-ties may differ in a row or two
 
 
-def test_physical_output():
+@pytest.mark.parametrize("supertile", [1024, 0])
+def test_physical_output(supertile):
     width = 32
     inputs = make_case(3, 64, width, [width * PAGE, 900, 0], unmapped=((1, 4),), seed=13)
-    _, out, sc = run_case(inputs, 1024, supertile=1024, space="physical")
+    _, out, sc = run_case(inputs, 1024, supertile=supertile, space="physical")
     check(inputs, 1024, out, sc, space="physical")
     pages = set(inputs["page_table"][0].tolist())
     assert all(i // PAGE in pages for i in out[0].tolist())
@@ -213,16 +216,42 @@ def test_exact_ties_pick_the_lowest_positions():
             assert sorted(out[r].tolist()) == list(range(512))
 
 
-def test_negative_weights_and_nan_logits():
+@pytest.mark.parametrize("supertile", [512, 0])
+def test_negative_weights_and_nan_logits(supertile):
     rows, width = 2, 24
     inputs = make_case(rows, 16, width, [width * PAGE, 1000], seed=23)
     inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0, ties at 0
     pid = int(inputs["page_table"][0, 0])
     nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
     inputs["index_k_cache"][pid, 8192 : ref.PAGE_BYTES] = nan  # NaN logits on one page
-    _, out, sc = run_case(inputs, 512, supertile=512)
+    _, out, sc = run_case(inputs, 512, supertile=supertile)
     check(inputs, 512, out, sc)
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
+
+
+def test_one_chunk_selection_edge_cases():
+    # the one-chunk selection (a cluster per row on sm_90): NaN logits selected
+    # when the numbers run out, +-0 ties, every logit equal across a long row
+    rows, width = 4, 600
+    lengths = [600, width * PAGE, width * PAGE - 5, 0]
+    inputs = make_case(rows, 16, width, lengths, seed=47)
+    inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0
+    nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
+    for c in range(3):  # row 0: 192 NaN logits among its 600 tokens
+        inputs["index_k_cache"][int(inputs["page_table"][0, c]), 8192 : ref.PAGE_BYTES] = nan
+    cache = inputs["index_k_cache"]
+    src = int(inputs["page_table"][1, 0])
+    for c in range(width):  # row 2: every token the same K row, the same scale
+        pid = int(inputs["page_table"][2, c])
+        cache[pid, :8192] = cache[src, :128].repeat(64)
+        cache[pid, 8192 : ref.PAGE_BYTES] = cache[src, 8192:8196].repeat(64)
+    for topk in (512, 2048):
+        plan, out, sc = run_case(inputs, topk)
+        assert plan.max_chunks == 1
+        check(inputs, topk, out, sc)
+        assert sorted(out[2].tolist()) == list(range(topk))  # ties: the lowest positions
+        assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
+        assert bool((out[3] == -1).all())
 
 
 # The inexact flavors (FP8 wgmma accumulation), sm_90 only; tma_fp8 is the default.
@@ -516,11 +545,13 @@ def test_run_without_scores():
     check(inputs, 512, out, None)
 
 
-@pytest.mark.parametrize("mode", ["decode", "prefill"])
-def test_graph_replay_with_rewritten_metadata(mode):
+@pytest.mark.parametrize(
+    ("mode", "supertile"), [("decode", 1024), ("decode", 0), ("prefill", 1024)]
+)
+def test_graph_replay_with_rewritten_metadata(mode, supertile):
     rows, width, topk = 4, 64, 512
     inputs = make_case(rows, 64, width, [2000, 4096, 0, 600], mode=mode, spare_pages=8, seed=29)
-    plan = plan_for(inputs, topk, mode=mode, supertile=1024)
+    plan = plan_for(inputs, topk, mode=mode, supertile=supertile)
     b, out, sc = bind_for(plan, inputs)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

@@ -140,6 +140,51 @@ struct TopkParams {
     hit_cap: u32,
 }
 
+/// Parameters of the cluster selection (`SelectParams` in kernels/indexer_select.cu).
+#[repr(C)]
+struct SelectParams {
+    logits: u64,
+    lengths: u64,
+    active_width: u64,
+    page_table: u64,
+    out_indices: u64,
+    out_scores: u64,
+    logits_row_stride: u64,
+    pt_row_stride: u64,
+    rows: u32,
+    width: u32,
+    topk: u32,
+    physical: u32,
+    pages: u32,
+    pad: u32,
+}
+
+/// Threads of a cluster-selection CTA and the most logits each holds.
+const SELECT_THREADS: u32 = 1024;
+const SELECT_MAX_PER_THREAD: u32 = 16;
+const SELECT_MAX_CLUSTER: u32 = 8;
+
+/// The cluster shape for `rows` rows of `supertile` logits on `sms` SMs:
+/// (CTAs per row, logits per thread). One CTA per SM (1024 threads at 56-64
+/// registers); clusters grow while every row's cluster still fits one wave.
+pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
+    let per_cta = SELECT_THREADS * SELECT_MAX_PER_THREAD;
+    let mut cluster = supertile.div_ceil(per_cta).max(1).next_power_of_two();
+    while cluster < SELECT_MAX_CLUSTER && rows as u64 * 2 * cluster as u64 <= sms as u64 {
+        cluster *= 2;
+    }
+    let per = supertile.div_ceil(cluster * SELECT_THREADS).next_power_of_two().max(4);
+    (cluster, per)
+}
+
+fn select_kernel(per: u32) -> Kernel {
+    match per {
+        4 => Kernel::IndexerSelectP4,
+        8 => Kernel::IndexerSelectP8,
+        _ => Kernel::IndexerSelectP16,
+    }
+}
+
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
 // by `kernel_constants_match_the_sources` and the kernels' static_asserts).
 const TOPK_STAGED_SMEM: u32 = 16544; // StagedSmem
@@ -373,6 +418,9 @@ pub struct LaunchRecipe {
     fold_many: (Kernel, TopkStage),
     slices: u32,
     slice_len: u32,
+    /// One-chunk decode on Hopper: the cluster selection (indexer_select.cu)
+    /// instead of the fold.
+    cluster_select: bool,
     physical: bool,
     stages: Stages,
 }
@@ -439,6 +487,10 @@ impl LaunchRecipe {
             fold_many: fold(sms + 1),
             slices: plan.topk_slices(),
             slice_len: slice_len(s, plan.topk_slices()),
+            cluster_select: route == Route::PagedDecode
+                && plan.max_chunks() == 1
+                && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
+                && modules.has(Kernel::IndexerSelectP4),
             physical: plan.caps().index_space == IndexSpace::Physical,
             stages: plan.stages(),
         })
@@ -453,20 +505,28 @@ impl LaunchRecipe {
             ScorerGrid::DecodeRows { block, shared_bytes } => {
                 let ppc = decode_pages_per_cta(rows, supertile, sms);
                 let grid = (rows, chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes })
+                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes, cluster: 1 })
             }
             ScorerGrid::WgmmaPrefill { shared_bytes } => {
                 let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
                 let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
+                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes, cluster: 1 })
             }
             ScorerGrid::PrefillTiles => {
                 let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
-                (0, LaunchConfig { grid, block: (PREFILL_THREADS, 1, 1), shared_bytes: 0 })
+                (
+                    0,
+                    LaunchConfig {
+                        grid,
+                        block: (PREFILL_THREADS, 1, 1),
+                        shared_bytes: 0,
+                        cluster: 1,
+                    },
+                )
             }
             ScorerGrid::Tma { shared_bytes, .. } => {
                 let grid = (sms, 1, 1);
-                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes })
+                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes, cluster: 1 })
             }
         }
     }
@@ -618,6 +678,9 @@ pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) ->
             (Kernel::IndexerTopkMerge, (a.rows, 1, 1), TopkStage::GENERAL),
         ]
     };
+    if recipe.cluster_select {
+        debug_assert!(chunks == 1);
+    }
     for c in 0..chunks {
         if recipe.stages.scores() {
             score.chunk_start = c * s;
@@ -635,6 +698,36 @@ pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) ->
         if !recipe.stages.selects() {
             continue;
         }
+        if recipe.cluster_select {
+            let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
+            let mut sp = SelectParams {
+                logits: tp.logits,
+                lengths: a.lengths,
+                active_width: a.active_width,
+                page_table: a.page_table,
+                out_indices: a.out_indices,
+                out_scores: a.out_scores,
+                logits_row_stride: s as u64,
+                pt_row_stride: a.page_table_row_stride,
+                rows: a.rows,
+                width: a.width,
+                topk: a.topk,
+                physical: recipe.physical as u32,
+                pages,
+                pad: 0,
+            };
+            let cfg = LaunchConfig {
+                grid: (cluster, a.rows, 1),
+                block: (SELECT_THREADS, 1, 1),
+                shared_bytes: 0,
+                cluster,
+            };
+            let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
+            // SAFETY: SelectParams mirrors the kernel's struct; the one chunk's
+            // logits and the outputs are the binding's.
+            unsafe { launch(a.device, select_kernel(per), cfg, stream, &mut sargs)? };
+            continue;
+        }
         tp.chunk = c;
         for &(kernel, grid, stage) in select {
             tp.stage_cap = stage.stage_cap;
@@ -643,6 +736,7 @@ pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) ->
                 grid,
                 block: (TOPK_THREADS, 1, 1),
                 shared_bytes: stage.shared_bytes,
+                cluster: 1,
             };
             let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
             // SAFETY: as above, TopkParams mirrors the kernels' struct.
@@ -689,6 +783,7 @@ mod tests {
             include_str!("../../../kernels/indexer_wgmma.cu"),
             include_str!("../../../kernels/indexer_topk.cu"),
             include_str!("../../../kernels/indexer_hopper.cu"),
+            include_str!("../../../kernels/indexer_select.cu"),
         ];
         for (name, value) in [
             // b12x_core::indexer: the page format and the status record
@@ -719,6 +814,7 @@ mod tests {
             ("HP_PREFILL_STAGES", HOPPER_PREFILL_STAGES as u64),
             ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
             ("HP_MAX_BLOCKS", TMA_MAX_ROW_BLOCKS as u64),
+            ("SEL_THREADS", SELECT_THREADS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");
         }
@@ -737,6 +833,24 @@ mod tests {
         assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
         assert_eq!(std::mem::size_of::<HopperParams>(), 512);
         assert_eq!(std::mem::align_of::<HopperParams>(), 64);
+        assert_eq!(std::mem::size_of::<SelectParams>(), 8 * 8 + 6 * 4);
+    }
+
+    #[test]
+    fn cluster_select_shapes() {
+        // 64 rows x 32768: two CTAs per row fill one wave of 132 SMs
+        assert_eq!(select_shape(64, 32768, 132), (2, 16));
+        // one row x 131072: the largest cluster, 16 logits per thread
+        assert_eq!(select_shape(1, 131072, 132), (8, 16));
+        assert_eq!(select_shape(16, 65536, 132), (8, 8));
+        assert_eq!(select_shape(1, 4096, 132), (8, 4));
+        // many rows: the smallest cluster that covers the row
+        assert_eq!(select_shape(4096, 32768, 132), (2, 16));
+        for (rows, st) in [(1, 512), (3, 1536), (64, 131072), (1000, 8192)] {
+            let (cluster, per) = select_shape(rows, st, 132);
+            assert!(cluster.is_power_of_two() && cluster <= SELECT_MAX_CLUSTER);
+            assert!([4, 8, 16].contains(&per) && cluster * SELECT_THREADS * per >= st);
+        }
     }
 
     #[test]

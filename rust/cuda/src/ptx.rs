@@ -156,6 +156,11 @@ modules! {
         IndexerTmaFp8PrefillH48 = "b12x_indexer_tma_fp8_prefill_h48",
         IndexerTmaFp8PrefillH64 = "b12x_indexer_tma_fp8_prefill_h64",
     ],
+    indexer_select: Sm90a => [
+        IndexerSelectP4 = "b12x_indexer_select_p4",
+        IndexerSelectP8 = "b12x_indexer_select_p8",
+        IndexerSelectP16 = "b12x_indexer_select_p16",
+    ],
 }
 
 #[cfg(test)]
