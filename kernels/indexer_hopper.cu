@@ -47,10 +47,16 @@ static_assert(HP_THREADS == 128 * (1 + HP_CONSUMERS), "one warpgroup per role");
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
-// Registers per thread after the warpgroups' reallocation (setmaxnreg):
-// 128 x 40 + 512 x 112 <= 64 K.
-#define HP_PRODUCER_REGS 40
+// Registers per thread after the warpgroups' reallocation (setmaxnreg). The
+// pool is what the CTA got at launch: 640 threads x 96 (the most a multiple
+// of 8 allows under 64 K); asking for more than the producer gives back
+// blocks the consumers for ever (seen on an H200 with 40 / 112).
+#define HP_PRODUCER_REGS 32
 #define HP_CONSUMER_REGS 112
+#define HP_ENTRY_REGS (65536 / HP_THREADS / 8 * 8)
+static_assert(HP_PRODUCER_REGS + HP_CONSUMERS * HP_CONSUMER_REGS <=
+                  (1 + HP_CONSUMERS) * HP_ENTRY_REGS,
+              "the consumers' registers come from the producer's");
 
 // A CUtensorMap (the driver encodes it on the host; opaque here).
 struct alignas(64) TmaDesc {
@@ -335,15 +341,12 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                     const u32 page = i0 + j;
                     if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
                         if (lane == 0) {
-                            u32 first = 0;  // the first row that reaches this page
-                            bool found = false;
-#pragma unroll
-                            for (int rr = 0; rr < RPB; ++rr) {
-                                if (!found && br.n[rr] > page * IDX_PAGE_ROWS) {
-                                    first = rr;
-                                    found = true;
-                                }
-                            }
+                            // The first row that reaches this page (lengths
+                            // read again: a cold path, kept out of registers).
+                            u32 first = 0;
+                            while (first + 1 < RPB &&
+                                   hp_chunk_tokens(p, br.row0 + first) <= page * IDX_PAGE_ROWS)
+                                ++first;
                             idx_report_bad_page(p.status, br.row0 + first,
                                                 p.chunk_start / IDX_PAGE_ROWS + page, pid, p.pages);
                         }
