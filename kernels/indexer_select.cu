@@ -27,8 +27,7 @@
 
 #define SEL_THREADS 1024
 #define SEL_WARPS (SEL_THREADS / 32)
-#define SEL_BINS 2048  // 11-bit digits at most
-#define SEL_MAX_RANKS 8  // CTAs per cluster (the portable limit)
+#define SEL_BINS 2048  // 11-bit digits (the last level: 10 bits)
 
 struct SelectParams {
     const float* logits;   // chunk logits [rows, logits_row_stride] (the whole width)
@@ -120,43 +119,13 @@ __device__ __forceinline__ u32 sel_exclusive_scan(u32 v, u32* sums, u32& total) 
     return before + x - v;
 }
 
-// Block-wide max and sum of one value per thread (every thread calls it).
-__device__ __forceinline__ void sel_block_max_sum(u32& mx, u32& sum, u32* sums) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (u32 o = 16; o > 0; o >>= 1) {
-        mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    if (lane == 0) {
-        sums[warp] = mx;
-        sums[SEL_WARPS + warp] = sum;
-    }
-    __syncthreads();
-    mx = 0;
-    sum = 0;
-    for (u32 w = 0; w < SEL_WARPS; ++w) {
-        mx = max(mx, sums[w]);
-        sum += sums[SEL_WARPS + w];
-    }
-    __syncthreads();
-}
-
-// One radix level: digit (d >> shift) & (bins - 1) of the distances that
-// match (prefix, pmask).
-struct Level {
-    u32 shift;
-    u32 bins;
-};
-
 template <int PER>
 __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
     __shared__ u32 total_hist[SEL_BINS];
-    __shared__ u32 sums[2 * SEL_WARPS];
+    __shared__ u32 sums[SEL_WARPS];
     __shared__ u32 slot_counter;  // rank 0's is the cluster's
-    __shared__ u32 found[2];      // the level's digit and the count before it
-    __shared__ u32 cta_max, cta_count;
+    __shared__ u32 found[2];      // the level's digit and the count above it
 
     const u32 tid = threadIdx.x, lane = tid & 31;
     const u32 rank = cluster_rank(), ranks = cluster_size();
@@ -179,30 +148,6 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
     if (tid == 0) slot_counter = 0u;
     const u32 counter = dsmem(&slot_counter, 0);
-    // The row's largest key and candidate count, agreed over the cluster.
-    u32 mx = 0, count = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        mx = max(mx, key[i]);
-        count += key[i] != 0u ? 1u : 0u;
-    }
-    sel_block_max_sum(mx, count, sums);
-    if (tid == 0) {
-        cta_max = mx;
-        cta_count = count;
-    }
-    cluster_sync();  // also orders the zeroed histograms and counter before any use
-    u32 top = 0, total = 0;
-    for (u32 r = 0; r < ranks; ++r) {
-        top = max(top, dsmem_load(dsmem(&cta_max, r)));
-        total += dsmem_load(dsmem(&cta_count, r));
-    }
-    // Distances below the largest key (0: the largest); ~0 for non-candidates
-    // (a candidate's distance is at most top - 1 < ~0).
-    u32 dist[PER];
-#pragma unroll
-    for (int i = 0; i < PER; ++i) dist[i] = key[i] != 0u ? top - key[i] : 0xffffffffu;
-    auto live = [&](int i) { return dist[i] != 0xffffffffu; };
 
     i32* out_i = p.out_indices + (u64)row * K;
     float* out_s = p.out_scores ? p.out_scores + (u64)row * K : nullptr;
@@ -242,119 +187,96 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         }
     };
 
+    cluster_sync();  // zeroed histograms and counter before any CTA counts or adds
+    u32 prefix = 0, pmask = 0, need = K, total = 0;
+    // Levels: digits of bits 31..21, 20..10, 9..0.
+#pragma unroll
+    for (int level = 0; level < 3; ++level) {
+        const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+        const u32 bins = level == 2 ? 1024u : 2048u;
+        u32* h = hist[level & 1];
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
+        cluster_sync();
+        // The cluster's counts, summed from every rank's histogram.
+        for (u32 b = tid; b < bins; b += SEL_THREADS) {
+            u32 s = 0;
+#pragma unroll 8
+            for (u32 r = 0; r < ranks; ++r) s += dsmem_load(dsmem(&h[b], r));
+            total_hist[b] = s;
+        }
+        __syncthreads();
+        // Counts above each thread's bins (bins descending over threads): the
+        // k-th key's digit is where the count reaches `need`.
+        const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+        const u32 top = bins - 1 - tid * per_bins;  // this thread's highest bin
+        u32 mine = 0;
+        for (u32 j = 0; j < per_bins; ++j) mine += total_hist[top - j];
+        u32 all;
+        u32 above = sel_exclusive_scan(mine, sums, all);
+        if (level == 0) {
+            total = all;
+            need = min(K, total);
+        }
+        if (need == 0) break;  // uniform: no candidates at all
+        if (level == 0 && total <= K) break;  // uniform: every candidate is selected
+        for (u32 j = 0; j < per_bins; ++j) {
+            const u32 c = total_hist[top - j];
+            if (above < need && above + c >= need) {
+                found[0] = top - j;
+                found[1] = above;
+            }
+            above += c;
+        }
+        __syncthreads();
+        const u32 digit = found[0], count_above = found[1];
+        const u32 dmask = (bins - 1) << shift;
+        const u32 want = prefix;
+        const u32 wmask = pmask;
+        emit(mask_of([&](int i) {
+            return key[i] != 0u && (key[i] & wmask) == want &&
+                   ((key[i] >> shift) & (bins - 1)) > digit;
+        }));
+        need -= count_above;
+        prefix |= digit << shift;
+        pmask |= dmask;
+        // The other parity's histogram is free (every rank read it last
+        // level, before this level's cluster barrier): clear it for the next.
+        for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[(level + 1) & 1][b] = 0u;
+        __syncthreads();
+    }
+
     if (total <= K) {
         // Every candidate, then the padding.
-        emit(mask_of(live));
+        emit(mask_of([&](int i) { return key[i] != 0u; }));
         for (u32 s = total + rank * SEL_THREADS + tid; s < K; s += ranks * SEL_THREADS) {
             out_i[s] = -1;
             if (out_s) out_s[s] = b12x_neg_inf();
         }
-        cluster_sync();  // no CTA leaves while another may still add to rank 0's counter
-        return;
-    }
-
-    // Counts this level's digits into hist[par] and sums them over the
-    // cluster into total_hist; returns the digit holding the need-th
-    // smallest distance (found[1]: how many come before it), or bins when
-    // fewer than `need` match.
-    u32 par = 0;
-    auto level = [&](u32 prefix, u32 pmask, const Level lv, u32 need) -> u32 {
-        u32* h = hist[par];
-#pragma unroll
-        for (int i = 0; i < PER; ++i)
-            if ((dist[i] & pmask) == prefix && live(i))
-                atomicAdd(&h[(dist[i] >> lv.shift) & (lv.bins - 1)], 1u);
-        cluster_sync();
-        for (u32 b = tid; b < lv.bins; b += SEL_THREADS) {
-            u32 c[SEL_MAX_RANKS];
-#pragma unroll
-            for (u32 r = 0; r < SEL_MAX_RANKS; ++r)
-                c[r] = r < ranks ? dsmem_load(dsmem(&h[b], r)) : 0u;
-            u32 s = 0;
-#pragma unroll
-            for (u32 r = 0; r < SEL_MAX_RANKS; ++r) s += c[r];
-            total_hist[b] = s;
-        }
-        if (tid == 0) found[0] = lv.bins;
-        __syncthreads();
-        // Thread t owns bins [t per, (t + 1) per): counts before them, ascending.
-        const u32 per = (lv.bins + SEL_THREADS - 1) / SEL_THREADS;
-        const u32 b0 = min(tid * per, lv.bins), b1 = min(b0 + per, lv.bins);
+    } else {
+        // Ties at the k-th key (`prefix` now): the lowest indices. The last
+        // level's histogram (parity 0) counts them per rank.
+        const u32 d = prefix & 1023u;
+        u32 before = 0;
+        for (u32 r = 0; r < rank; ++r) before += dsmem_load(dsmem(&hist[0][d], r));
+        const u32 here = hist[0][d];
+        const u32 take = need > before ? min(need - before, here) : 0u;
         u32 mine = 0;
-        for (u32 b = b0; b < b1; ++b) mine += total_hist[b];
+#pragma unroll
+        for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
         u32 all;
-        u32 before = sel_exclusive_scan(mine, sums, all);
-        for (u32 b = b0; b < b1; ++b) {
-            const u32 c = total_hist[b];
-            if (before < need && before + c >= need) {
-                found[0] = b;
-                found[1] = before;
+        const u32 ahead = sel_exclusive_scan(mine, sums, all);
+        u32 seen = ahead, m = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (key[i] == prefix) {
+                m |= seen < take ? 1u << i : 0u;
+                ++seen;
             }
-            before += c;
         }
-        __syncthreads();
-        // The other parity's histogram is free (every rank read it a level
-        // ago, before this level's cluster barrier): clear it for the next.
-        par ^= 1;
-        for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[par][b] = 0u;
-        return found[0];
-    };
-
-    // First try a window of 2^24 key units below the largest key (its top
-    // digit is bits 23..13 of the distance: the few keys near the top spread
-    // over 2048 bins, where a digit of the key's own top bits would pile most
-    // of them into a few); if the need-th key lies further down, the whole
-    // 32-bit range (digits 31..21, 20..10, 9..0).
-    const Level window[3] = {{13, 2048}, {2, 2048}, {0, 4}};
-    const Level full[3] = {{21, 2048}, {10, 2048}, {0, 1024}};
-    u32 prefix = 0, pmask = 0xff000000u, need = K;
-    const Level* plan = window;
-    u32 digit = level(prefix, pmask, window[0], need);
-    __syncthreads();
-    if (digit == window[0].bins) {  // uniform: the window holds fewer than K
-        plan = full;
-        pmask = 0;
-        digit = level(prefix, pmask, full[0], need);
-        __syncthreads();
+        emit(m);
     }
-    for (int l = 0;; ++l) {
-        const Level lv = plan[l];
-        const u32 count_before = found[1];
-        const u32 want = prefix, wmask = pmask;
-        emit(mask_of([&](int i) {
-            return live(i) && (dist[i] & wmask) == want &&
-                   ((dist[i] >> lv.shift) & (lv.bins - 1)) < digit;
-        }));
-        need -= count_before;
-        prefix |= digit << lv.shift;
-        pmask |= (lv.bins - 1) << lv.shift;
-        if (l == 2) break;
-        digit = level(prefix, pmask, plan[l + 1], need);
-        __syncthreads();
-    }
-
-    // Ties at the need-th distance (`prefix` now, exact): the lowest indices.
-    // The last level's histogram (parity par ^ 1) counts them per rank.
-    const u32 d = prefix & (plan[2].bins - 1);
-    const u32* last = hist[par ^ 1];
-    u32 before = 0;
-    for (u32 r = 0; r < rank; ++r) before += dsmem_load(dsmem(&last[d], r));
-    const u32 here = last[d];
-    const u32 take = need > before ? min(need - before, here) : 0u;
-    u32 mine = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) mine += live(i) && dist[i] == prefix ? 1u : 0u;
-    u32 all;
-    const u32 ahead = sel_exclusive_scan(mine, sums, all);
-    u32 seen = ahead, m = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        if (live(i) && dist[i] == prefix) {
-            m |= seen < take ? 1u << i : 0u;
-            ++seen;
-        }
-    }
-    emit(m);
     cluster_sync();  // no CTA leaves while another may still read its shared memory
 }
 

@@ -45,8 +45,8 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 /// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
-/// four consumer warpgroups per CTA, K rings of these depths.
-const HOPPER_THREADS: u32 = 640;
+/// two consumer warpgroups per CTA, K rings of these depths.
+const HOPPER_THREADS: u32 = 384;
 const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
 
@@ -433,7 +433,7 @@ pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let k = stages * PAGE_SIZE * HEAD_DIM;
     let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
     let barriers = (2 * stages + 4) * 8;
-    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;  // the prefix, the warps' sums
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
     k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
 }
 
