@@ -116,7 +116,7 @@ def import_vllm_ops(
         library = import_module(VLLM_OPS_MODULE)
     except Exception as e:
         return Found(None, f"{VLLM_OPS_MODULE} does not import ({type(e).__name__}: {e})")
-    if getattr(library, "B12X_STAND_IN", False):
+    if getattr(library, "B12X_STAND_IN", False) is True:
         return Found(None, f"{VLLM_OPS_MODULE} is a stand-in on this host: it registers no ops")
     if namespace is None:
         import torch
