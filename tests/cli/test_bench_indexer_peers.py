@@ -99,7 +99,8 @@ def test_decode_arms_call_deepgemm_like_vllm_and_stock_adds_the_stored_top_k():
     s = rows["stock_vllm"]
     # vLLM's auto backend: 4 rows of top-512 on sm_90 -> cooperative_topk (10 us stored)
     assert s["topk_kernel"] == "cooperative_topk" and s["topk_us"] == 10.0
-    assert s["topk_source"].startswith("stored: b12x/bench/vllm_topk_h200.json (NVIDIA H200")
+    assert s["topk_source"] == "stored: vllm_topk_h200.json (NVIDIA H200, 2026-12-01)"
+    assert "L2 flushed" in s["topk_timing"]
     assert s["samples_us"] == [x + 10.0 for x in SAMPLES]  # the measured logits + the figure
     assert s["measured_part_us"] == statistics.median(SAMPLES)
     assert (s["topk_best_kernel"], s["topk_best_us"]) == ("persistent_topk", 7.0)
@@ -372,12 +373,16 @@ def test_ratios_go_to_whole_call_rows_and_stage_rows_get_their_peer():
 
 
 def test_the_table_shows_its_columns_and_the_json_keeps_every_key(tmp_path, capsys):
-    result = BenchResult("indexer", {}, columns=["vs_stock", "topk_source"])
+    result = BenchResult("indexer", {}, columns=["vs_stock", "logits_max_rel_err", "topk_source"])
     result.add("c", "b12x", [2.0], vs_stock=0.5, hbm_floor_us=64.6)
     result.add("c", "stock_vllm", [4.0], topk_source="stored: x", hbm_floor_us=64.6)
+    result.add("c", "deepgemm_logits", [3.0], logits_max_rel_err=3.04e-4)
     path = tmp_path / "out.json"
     write_report(result, str(path))
-    header = capsys.readouterr().out.splitlines()[1].split()
-    assert header == ["case", "arm", "median_us", "min_us", "vs_stock", "topk_source"]
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1].split()
+    assert header == ["case", "arm", "median_us", "min_us", "vs_stock", "logits_max_rel_err",
+                      "topk_source"]  # fmt: skip
+    assert "3.04e-04" in lines[5] and "0.500" in lines[3]
     rows = json.loads(path.read_text())["results"]
     assert rows[0]["hbm_floor_us"] == 64.6 and rows[1]["topk_source"] == "stored: x"

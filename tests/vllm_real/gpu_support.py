@@ -26,6 +26,7 @@ from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker import workspace
 
 DEVICE = torch.device("cuda", 0)
+CAPTURE_SIZES = [4, 8]  # FULL decode graphs of 4 and 8 tokens
 # vLLM's padding for a request past the batch (gpu_model_runner): its block-table
 # rows point at block 0, the null block
 NULL_BLOCK_ID = 0
@@ -123,15 +124,18 @@ def padded_for_graph(common: Any, num_reqs: int, num_tokens: int) -> Any:
     pad_reqs = num_reqs - common.num_reqs
     pad_tokens = num_tokens - int(common.query_start_loc_cpu[-1])
     assert pad_reqs >= 0 and pad_tokens >= 0, (pad_reqs, pad_tokens)
-    end = common.query_start_loc_cpu[-1:]
 
     def grow(t: torch.Tensor, n: int, value: int) -> torch.Tensor:
-        return torch.cat([t, torch.full((n, *t.shape[1:]), value, dtype=t.dtype)])
+        fill = torch.full((n, *t.shape[1:]), value, dtype=t.dtype, device=t.device)
+        return torch.cat([t, fill])
+
+    def repeat_end(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t[-1:].repeat(pad_reqs)])
 
     return dataclasses.replace(
         common,
-        query_start_loc=torch.cat([common.query_start_loc, end.repeat(pad_reqs)]),
-        query_start_loc_cpu=torch.cat([common.query_start_loc_cpu, end.repeat(pad_reqs)]),
+        query_start_loc=repeat_end(common.query_start_loc),
+        query_start_loc_cpu=repeat_end(common.query_start_loc_cpu),
         seq_lens=grow(common.seq_lens, pad_reqs, 0),
         seq_lens_cpu_upper_bound=grow(common.seq_lens_cpu_upper_bound, pad_reqs, 0),
         block_table_tensor=grow(common.block_table_tensor, pad_reqs, NULL_BLOCK_ID),
@@ -142,8 +146,32 @@ def padded_for_graph(common: Any, num_reqs: int, num_tokens: int) -> Any:
     )
 
 
-def queries(tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    q, w = s.queries(tokens, seed)
+def full_decode_dispatcher(config: Any, depth: int) -> Any:
+    """vLLM's ``CudagraphDispatcher`` with FULL decode graphs at :data:`CAPTURE_SIZES`
+    tokens, ``depth`` tokens per request (1 + speculative tokens)."""
+    from vllm.config import CUDAGraphMode
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+
+    compilation = config.compilation_config
+    compilation.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    compilation.cudagraph_capture_sizes = list(CAPTURE_SIZES)
+    compilation.max_cudagraph_capture_size = max(CAPTURE_SIZES)
+    dispatcher = CudagraphDispatcher(config)
+    dispatcher.initialize_cudagraph_keys(
+        CUDAGraphMode.FULL_DECODE_ONLY, uniform_decode_query_len=depth
+    )
+    return dispatcher
+
+
+def queries(tokens: int, seed: int, heads: int = s.HEADS) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`indexer_support.queries` on ``cuda:0``; ``heads`` other than its 16 for
+    DeepGEMM, whose logits kernels take 32 or 64 heads (DeepSeek's indexer has 64)."""
+    if heads == s.HEADS:
+        q, w = s.queries(tokens, seed)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.randn((tokens, heads, 128), generator=gen).to(torch.float8_e4m3fn)
+        w = torch.rand((tokens, heads), generator=gen)
     return q.to(DEVICE), w.to(DEVICE)
 
 
@@ -225,14 +253,19 @@ def vllm_logits(
 
     owners = torch.tensor([r for r, _ in rows], dtype=torch.int64, device=DEVICE)
     lengths = torch.tensor([n for _, n in rows], dtype=torch.int32, device=DEVICE)
-    return fp8_paged_mqa_logits_torch(
-        q[:, None],
-        cache.contiguous(),  # its reference views pages densely; the bytes are the same
-        w,
-        lengths,
-        table.to(DEVICE).index_select(0, owners),
-        table.shape[1] * s.PAGE,
-    )
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # a float32 reference: no TF32 on the GPU
+    try:
+        return fp8_paged_mqa_logits_torch(
+            q[:, None],
+            cache.contiguous(),  # its reference views pages densely; the bytes are the same
+            w,
+            lengths,
+            table.to(DEVICE).index_select(0, owners),
+            table.shape[1] * s.PAGE,
+        )
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 def deepgemm_decode_logits(metadata: Any, q: torch.Tensor, w: torch.Tensor, cache: torch.Tensor,

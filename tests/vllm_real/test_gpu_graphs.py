@@ -20,27 +20,12 @@ import torch
 from b12x.integration.vllm import indexer_backend
 from vllm.config import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
-from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_cuda", "vllm_deep_gemm")]
 on_cuda = g.on_cuda
 vllm_deep_gemm = g.vllm_deep_gemm
 
 B12X = indexer_backend.B12xIndexerMetadataBuilder
-CAPTURE_SIZES = [4, 8]
-
-
-def dispatcher_for(config, depth: int) -> CudagraphDispatcher:
-    """vLLM's dispatcher with FULL decode graphs at :data:`CAPTURE_SIZES` tokens."""
-    compilation = config.compilation_config
-    compilation.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    compilation.cudagraph_capture_sizes = list(CAPTURE_SIZES)
-    compilation.max_cudagraph_capture_size = max(CAPTURE_SIZES)
-    dispatcher = CudagraphDispatcher(config)
-    dispatcher.initialize_cudagraph_keys(
-        CUDAGraphMode.FULL_DECODE_ONLY, uniform_decode_query_len=depth
-    )
-    return dispatcher
 
 
 def decode_buffers(metadata) -> list[tuple[int, tuple[int, ...]]]:
@@ -78,7 +63,7 @@ def live_batch(real: int, depth: int, seed: int) -> list[s.Request]:
 def test_a_full_decode_graph_gives_fresh_results_after_each_metadata_rewrite(speculative_tokens):
     depth = 1 + speculative_tokens
     model = g.V4Model(speculative_tokens=speculative_tokens)
-    dispatcher = dispatcher_for(model.config, depth)
+    dispatcher = g.full_decode_dispatcher(model.config, depth)
     ((mode, descs),) = dispatcher.get_capture_descs()
     desc = max(descs, key=lambda d: d.num_tokens)
     assert mode is CUDAGraphMode.FULL and desc.uniform and desc.num_reqs * depth == desc.num_tokens
@@ -99,7 +84,9 @@ def test_a_full_decode_graph_gives_fresh_results_after_each_metadata_rewrite(spe
         captured_with = builder.build(0, model.common(dummy, null_table))
         graph = capture(model, captured_with, desc, hidden, q_in, w_in)
         captured = decode_buffers(captured_with)
-        for seed, real in enumerate([desc.num_reqs, desc.num_reqs - 1, 1], start=1):
+        # full, then padded as vLLM pads (a request short), then full again: each
+        # dispatches to the captured graph
+        for seed, real in enumerate([desc.num_reqs, desc.num_reqs - 1, desc.num_reqs], start=1):
             requests = live_batch(real, depth, seed)
             tokens = real * depth
             assert dispatcher.dispatch(tokens, uniform_decode=True) == (CUDAGraphMode.FULL, desc)

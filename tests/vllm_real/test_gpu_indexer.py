@@ -18,6 +18,7 @@ import pytest
 import torch
 from b12x.integration.vllm import indexer_backend, indexer_hooks
 from b12x.integration.vllm.indexer import C4SparseIndexer
+from test_indexer_metadata import MIXED, MTP  # the CPU tests' batches, here on CUDA
 from vllm.config import CUDAGraphMode, set_current_vllm_config
 from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerMetadataBuilder
@@ -31,15 +32,8 @@ vllm_deep_gemm = g.vllm_deep_gemm
 STOCK = DeepseekV32IndexerMetadataBuilder
 B12X = indexer_backend.B12xIndexerMetadataBuilder
 DEEPGEMM_REL_TOL = 2e-3  # ~3e-4 measured on H200; a wrong row is off by far more
+DEEPGEMM_HEADS = 64  # DeepGEMM's logits kernels take 32 or 64 heads
 
-MIXED = [
-    s.Request(3001, 1),  # decode
-    s.Request(911, 1),  # decode
-    s.Request(2400, 200),  # prefill chunk of a longer prompt
-    s.Request(1200, 1200),  # whole prompt
-    s.Request(9, 9),  # 2 compressed rows: fewer than top-k
-]
-MTP = [s.Request(3000, 2), s.Request(1501, 2), s.Request(700, 2)]
 PADDED_MTP = [s.Request(3000, 2), s.Request(1501, 2), s.Request(0, 0)]
 
 
@@ -97,7 +91,7 @@ def test_decode_agrees_with_deepgemm_through_vllms_wrapper(vllm_deep_gemm):
     model = g.V4Model(speculative_tokens=1)
     table = model.table(MTP, seed=7)
     metadata = model.builder(STOCK).build(0, model.common(MTP, table))
-    q, w = g.queries(6, seed=8)
+    q, w = g.queries(6, seed=8, heads=DEEPGEMM_HEADS)
     out = select(model, metadata, q, w)
     logits = g.deepgemm_decode_logits(metadata, q, w, model.cache, model.op.max_model_len)
     rows = s.visible_rows(MTP, 4)

@@ -269,5 +269,6 @@ def write_report(result: BenchResult, json_path: str | None) -> None:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.3f}"
+        # small magnitudes (relative errors) keep their digits
+        return f"{v:.2e}" if 0 < abs(v) < 1e-3 else f"{v:.3f}"
     return "" if v is None else str(v)

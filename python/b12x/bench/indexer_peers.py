@@ -164,6 +164,13 @@ def vllm_topk_kernel(
     return "top_k_per_row_decode"
 
 
+# what a stored figure is, said once in every row that uses one
+STORED_TOPK_TIMING = (
+    "vLLM 0.33.0's kernel alone on this case's float32 logits, graph replay, L2 flushed "
+    "before each replay (b12x/bench/vllm_topk_h200.json has the provenance)"
+)
+
+
 @dataclass(frozen=True)
 class StoredTopk:
     """vLLM's top-k kernels timed alone, from ``vllm_topk_h200.json``."""
@@ -199,10 +206,7 @@ def load_stored_topk(text: str | None = None) -> StoredTopk:
         case: {kernel: float(fig["median_us"]) for kernel, fig in kernels.items()}
         for case, kernels in doc["cases"].items()
     }
-    label = (
-        f"stored: b12x/bench/{STORED_TOPK_FILE} ({prov['device']}, {prov['timestamp'][:10]}, "
-        "each kernel alone, L2 flushed)"
-    )
+    label = f"stored: {STORED_TOPK_FILE} ({prov['device']}, {prov['timestamp'][:10]})"
     return StoredTopk(device=str(prov["device"]), label=label, medians=medians)
 
 

@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from b12x._core import INDEXER_PAGE_SIZE as PAGE
 from b12x.bench.common import BenchResult
 from b12x.bench.indexer_peers import (
     LOGITS_REL_TOL,
+    STORED_TOPK_TIMING,
     TOPK_WORKSPACE_BYTES,
     Measure,
     PeerEnv,
@@ -194,6 +197,39 @@ def vllm_topk_step(
 # --- the arms ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class CaseArms:
+    """One case's peer arms: where the rows go, the case and its inputs
+    (:func:`b12x.bench.indexer.make_inputs`), the peers, the timer and the keys
+    every row carries (the case's floors)."""
+
+    result: BenchResult
+    case: Case
+    inputs: tuple[torch.Tensor, ...]
+    env: PeerEnv
+    measure: Measure
+    extra: dict[str, Any]
+
+    def add(self, arm: str, samples: list[float], **fields: Any) -> dict[str, Any]:
+        return self.result.add(self.case.name, arm, samples, **self.extra, **fields)
+
+    def fail(self, what: str) -> None:
+        """A peer check failed: the run exits 1 and its notes say which."""
+        self.result.ok = False
+        self.result.notes.append(f"{self.case.name}: CHECK FAILED: {what}")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """What vLLM runs before its top-k for the case, and its logits once."""
+
+    step: Callable[[], torch.Tensor]  # (gather +) logits
+    logits: torch.Tensor
+    samples: list[float] | None  # already timed (decode: the logits arm), or None
+    seq_lens: torch.Tensor  # what vLLM's top-k takes: [B, 1] lengths / prefill row ends
+    fields: dict[str, Any]  # what the stock row says about it
+
+
 def peer_arms(
     result: BenchResult,
     case: Case,
@@ -205,93 +241,47 @@ def peer_arms(
     """Adds ``case``'s DeepGEMM and ``stock_vllm`` rows to ``result`` (where
     DeepGEMM imports), then every b12x row's ratio to them."""
     if env.deep_gemm.ok:
-        arms = _prefill_arms if case.prefill else _decode_arms
-        arms(result, case, inputs, env, measure, extra)
+        arms = CaseArms(result, case, inputs, env, measure, extra)
+        pipeline = _prefill_arms(arms) if case.prefill else _decode_arms(arms)
+        _stock_arm(arms, pipeline)
     attach_ratios(result.results, case.name)
 
 
-def _decode_arms(
-    result: BenchResult,
-    case: Case,
-    inputs: tuple[torch.Tensor, ...],
-    env: PeerEnv,
-    measure: Measure,
-    extra: dict[str, Any],
-) -> None:
-    call = DecodeCall(env.deep_gemm.module, case, inputs, env.sms)
-    logits_samples = measure(call.logits)
-    row = result.add(
-        case.name, "deepgemm_logits", logits_samples, **extra, max_model_len=case.context
-    )
+def _decode_arms(a: CaseArms) -> Pipeline:
+    call = DecodeCall(a.env.deep_gemm.module, a.case, a.inputs, a.env.sms)
+    samples = a.measure(call.logits)
+    row = a.add("deepgemm_logits", samples, max_model_len=a.case.context)
     logits = call.logits()
-    _check_logits(result, row, logits, inputs, case)
-    result.add(case.name, "deepgemm_metadata", measure(call.metadata), **extra)
-    _stock_arms(
-        result,
-        case,
-        inputs,
-        env,
-        measure,
-        extra,
-        logits=logits,
-        pipeline=call.logits,
-        pipeline_samples=logits_samples,
-        seq_lens=call.context_lens,
-        excludes="deepgemm_metadata (vLLM builds it once per step, for every layer)",
-    )
+    _check_logits(a, row, logits)
+    a.add("deepgemm_metadata", a.measure(call.metadata))
+    excludes = "deepgemm_metadata (vLLM builds it once per step, for every layer)"
+    return Pipeline(call.logits, logits, samples, call.context_lens, {"excludes": excludes})
 
 
-def _prefill_arms(
-    result: BenchResult,
-    case: Case,
-    inputs: tuple[torch.Tensor, ...],
-    env: PeerEnv,
-    measure: Measure,
-    extra: dict[str, Any],
-) -> None:
-    ops = env.vllm_ops.module if env.vllm_ops.ok else None
+def _prefill_arms(a: CaseArms) -> Pipeline:
+    ops = a.env.vllm_ops.module if a.env.vllm_ops.ok else None
     gather = ops["cp_gather_indexer_k_quant_cache"] if ops is not None else None
-    call = PrefillCall(env.deep_gemm.module, case, inputs, gather)
-    result.add(case.name, "kgather", measure(call.gather), **extra, kgather_impl=call.gather_impl)
+    call = PrefillCall(a.env.deep_gemm.module, a.case, a.inputs, gather)
+    a.add("kgather", a.measure(call.gather), kgather_impl=call.gather_impl)
     call.gather()
-    row = result.add(
-        case.name, "deepgemm_logits", measure(call.logits), **extra, max_seqlen_k=call.max_seqlen_k
-    )
+    row = a.add("deepgemm_logits", a.measure(call.logits), max_seqlen_k=call.max_seqlen_k)
     logits = call.logits()
-    _check_logits(result, row, logits, inputs, case)
+    _check_logits(a, row, logits)
 
-    def pipeline() -> torch.Tensor:
+    def gather_then_logits() -> torch.Tensor:
         call.gather()
         return call.logits()
 
-    _stock_arms(
-        result,
-        case,
-        inputs,
-        env,
-        measure,
-        extra,
-        logits=logits,
-        pipeline=pipeline,
-        pipeline_samples=None,
-        seq_lens=call.row_ends,
-        excludes="",
-        kgather_impl=call.gather_impl,
-    )
+    fields = {"kgather_impl": call.gather_impl}
+    return Pipeline(gather_then_logits, logits, None, call.row_ends, fields)
 
 
-def _check_logits(
-    result: BenchResult,
-    row: dict[str, Any],
-    logits: torch.Tensor,
-    inputs: tuple[torch.Tensor, ...],
-    case: Case,
-) -> None:
+def _check_logits(a: CaseArms, row: dict[str, Any], logits: torch.Tensor) -> None:
     """DeepGEMM's logits against the float32 reference on spread rows."""
     import torch
 
-    rows = check_rows(case.rows)
-    ref, lengths = reference_logits(inputs, rows)
+    rows = check_rows(a.case.rows)
+    ref, lengths = reference_logits(a.inputs, rows)
     got = logits.index_select(0, torch.tensor(rows, device=logits.device))
     err = logits_rel_err(got, ref, lengths)
     ok = err <= LOGITS_REL_TOL
@@ -299,126 +289,103 @@ def _check_logits(
         logits_max_rel_err=err, logits_rel_tol=LOGITS_REL_TOL, check_rows=len(rows), check_ok=ok
     )
     if not ok:
-        result.ok = False
-        result.notes.append(
-            f"{case.name}: CHECK FAILED: deepgemm_logits relative error expected <= "
-            f"{LOGITS_REL_TOL:g}, got {err:.3g} (the peer call is wrong: its times mean nothing)"
+        a.fail(
+            f"deepgemm_logits relative error expected <= {LOGITS_REL_TOL:g}, got {err:.3g} "
+            "(the peer call is wrong: its times mean nothing)"
         )
 
 
-def _stock_arms(
-    result: BenchResult,
-    case: Case,
-    inputs: tuple[torch.Tensor, ...],
-    env: PeerEnv,
-    measure: Measure,
-    extra: dict[str, Any],
-    *,
-    logits: torch.Tensor,
-    pipeline: Callable[[], torch.Tensor],
-    pipeline_samples: list[float] | None,
-    seq_lens: torch.Tensor,
-    excludes: str,
-    kgather_impl: str | None = None,
-) -> None:
-    """``stock_vllm``: the pipeline (gather +) logits plus the top-k vLLM runs,
-    live in the same graph where vLLM's ops import, else plus the stored figure."""
+def _stock_arm(a: CaseArms, pipeline: Pipeline) -> None:
+    """``stock_vllm``: the pipeline plus the top-k kernel vLLM runs, live in the
+    same graph where vLLM's ops import, else plus its stored figure."""
+    kernel = vllm_topk_kernel(
+        prefill=a.case.prefill,
+        rows=a.case.rows,
+        topk=a.case.topk,
+        logits_row_stride=int(pipeline.logits.stride(0)),
+        capability=a.env.capability,
+    )
+    fields: dict[str, Any] = {"topk_kernel": kernel, **pipeline.fields}
+    if a.env.vllm_ops.ok and kernel in LIVE_TOPK_KERNELS:
+        _live_stock(a, pipeline, kernel, fields)
+        return
+    figure, why = a.env.stored.lookup(a.case.name, kernel, a.env.device_name)
+    if figure is None:
+        a.result.notes.append(
+            f"{a.case.name}: no stock_vllm row: vLLM's top-k is not live "
+            f"({a.env.vllm_ops.detail}) and {why}"
+        )
+        return
+    base = pipeline.samples if pipeline.samples is not None else a.measure(pipeline.step)
+    measured = statistics.median(base)
+    fields.update(topk_source=a.env.stored.label, topk_us=figure, topk_timing=STORED_TOPK_TIMING)
+    fields["measured_part_us"] = measured
+    best = a.env.stored.best(a.case.name)
+    if best is not None:
+        fields.update(
+            topk_best_kernel=best[0], topk_best_us=best[1], stock_best_us=measured + best[1]
+        )
+    a.add("stock_vllm", [x + figure for x in base], **fields)
+
+
+def _live_stock(a: CaseArms, pipeline: Pipeline, kernel: str, fields: dict[str, Any]) -> None:
+    """vLLM's top-k timed alone (the kernel it picks, and persistent_topk for
+    decode), then the whole stock call in one graph, its selection checked."""
     import torch
 
-    kernel = vllm_topk_kernel(
-        prefill=case.prefill,
-        rows=case.rows,
-        topk=case.topk,
-        logits_row_stride=int(logits.stride(0)),
-        capability=env.capability,
+    dev = pipeline.logits.device
+    out = torch.empty((a.case.rows, a.case.topk), dtype=torch.int32, device=dev)
+    workspace = torch.empty((TOPK_WORKSPACE_BYTES,), dtype=torch.uint8, device=dev)
+
+    def step_of(name: str) -> Callable[[torch.Tensor], None]:
+        return vllm_topk_step(
+            a.env.vllm_ops.module, name, seq_lens=pipeline.seq_lens, row_ends=pipeline.seq_lens,
+            out=out, workspace=workspace, topk=a.case.topk, max_seq_len=a.case.context,
+        )  # fmt: skip
+
+    logits = pipeline.logits
+    arms = {kernel: "topk_only:vllm"}
+    if not a.case.prefill and kernel != "persistent_topk":
+        arms["persistent_topk"] = "topk_only:vllm_persistent"
+    alone: dict[str, float] = {}
+    for name, arm in arms.items():
+        alone[name] = float(a.add(arm, a.measure(partial(step_of(name), logits)),
+                                  topk_kernel=name)["median_us"])  # fmt: skip
+    topk = step_of(kernel)
+    samples = a.measure(lambda: topk(pipeline.step()))
+    best = min(alone, key=lambda k: alone[k])
+    fields.update(
+        topk_source=f"live: torch.ops._C.{kernel}",
+        topk_us=alone[kernel],
+        topk_best_kernel=best,
+        topk_best_us=alone[best],
+        stock_best_us=statistics.median(samples) - alone[kernel] + alone[best],
     )
-    fields: dict[str, Any] = {**extra, "topk_kernel": kernel}
-    if excludes:
-        fields["excludes"] = excludes
-    if kgather_impl is not None:
-        fields["kgather_impl"] = kgather_impl
-    if env.vllm_ops.ok and kernel in LIVE_TOPK_KERNELS:
-        dev = logits.device
-        out = torch.empty((case.rows, case.topk), dtype=torch.int32, device=dev)
-        workspace = torch.empty((TOPK_WORKSPACE_BYTES,), dtype=torch.uint8, device=dev)
-
-        def step_of(name: str) -> Callable[[torch.Tensor], None]:
-            return vllm_topk_step(
-                env.vllm_ops.module, name, seq_lens=seq_lens, row_ends=seq_lens, out=out,
-                workspace=workspace, topk=case.topk, max_seq_len=case.context,
-            )  # fmt: skip
-
-        topk = step_of(kernel)
-        alone = {kernel: result.add(case.name, "topk_only:vllm", measure(lambda: topk(logits)),
-                                    **extra, topk_kernel=kernel)}  # fmt: skip
-        if not case.prefill and kernel != "persistent_topk":
-            persistent = step_of("persistent_topk")
-            alone["persistent_topk"] = result.add(
-                case.name, "topk_only:vllm_persistent", measure(lambda: persistent(logits)),
-                **extra, topk_kernel="persistent_topk",
-            )  # fmt: skip
-
-        def stock() -> None:
-            topk(pipeline())
-
-        samples = measure(stock)
-        best = min(alone, key=lambda k: float(alone[k]["median_us"]))
-        topk_us = float(alone[kernel]["median_us"])
-        fields.update(
-            topk_source=f"live: torch.ops._C.{kernel}",
-            topk_us=topk_us,
-            topk_best_kernel=best,
-            topk_best_us=float(alone[best]["median_us"]),
-        )
-        topk(logits)
-        _check_stock_selection(result, fields, out, inputs, case)
-        median = statistics.median(samples)
-        fields["stock_best_us"] = median - topk_us + fields["topk_best_us"]
-        result.add(case.name, "stock_vllm", samples, **fields)
-        return
-    figure, why = env.stored.lookup(case.name, kernel, env.device_name)
-    if figure is None:
-        result.notes.append(
-            f"{case.name}: no stock_vllm row: vLLM's top-k is not live ({env.vllm_ops.detail}) "
-            f"and {why}"
-        )
-        return
-    base = pipeline_samples if pipeline_samples is not None else measure(pipeline)
-    fields.update(topk_source=env.stored.label, topk_us=figure)
-    stored_best = env.stored.best(case.name)
-    if stored_best is not None:
-        fields.update(topk_best_kernel=stored_best[0], topk_best_us=stored_best[1])
-        fields["stock_best_us"] = statistics.median(base) + stored_best[1]
-    fields["measured_part_us"] = statistics.median(base)
-    result.add(case.name, "stock_vllm", [s + figure for s in base], **fields)
+    topk(logits)
+    _check_stock_selection(a, fields, out)
+    a.add("stock_vllm", samples, **fields)
 
 
-def _check_stock_selection(
-    result: BenchResult,
-    fields: dict[str, Any],
-    out: torch.Tensor,
-    inputs: tuple[torch.Tensor, ...],
-    case: Case,
-) -> None:
+def _check_stock_selection(a: CaseArms, fields: dict[str, Any], out: torch.Tensor) -> None:
     """vLLM's live selection against the float32 reference (near-ties may swap:
     DeepGEMM's logits carry FP8 accumulation error)."""
     import torch
 
     from b12x.attention.dsa_indexer import reference
 
-    rows = check_rows(case.rows)
-    ref, lengths = reference_logits(inputs, rows)
+    rows = check_rows(a.case.rows)
+    ref, lengths = reference_logits(a.inputs, rows)
     cols = torch.arange(ref.shape[1], device=ref.device)
     cand = cols[None, :] < torch.tensor(lengths, device=ref.device)[:, None]
     got = out.index_select(0, torch.tensor(rows, device=out.device))
     # a logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
     tie = LOGITS_REL_TOL * float(torch.where(cand, ref.abs(), 0.0).max())
+    fields["check_rows"] = len(rows)
     try:
         reference.assert_topk_equivalent(
-            got, None, ref, cand, case.topk, tie_atol=tie, tie_rtol=0.0
+            got, None, ref, cand, a.case.topk, tie_atol=tie, tie_rtol=0.0
         )
-        fields.update(check_rows=len(rows), check_ok=True)
+        fields["check_ok"] = True
     except AssertionError as e:
-        fields.update(check_rows=len(rows), check_ok=False, check_error=str(e)[:200])
-        result.ok = False
-        result.notes.append(f"{case.name}: CHECK FAILED: stock_vllm's selection: {e}")
+        fields.update(check_ok=False, check_error=str(e)[:200])
+        a.fail(f"stock_vllm's selection: {e}")
