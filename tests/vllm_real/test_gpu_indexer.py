@@ -129,7 +129,10 @@ V32_WIDTH = V32_MAX_MODEL_LEN // s.V32_BLOCK
 
 
 @pytest.fixture
-def hooks():
+def hooks(monkeypatch):
+    # b12x serving here whatever the speed rule says of this GPU (the rule's
+    # decision on it: test_gpu_plugin.py)
+    monkeypatch.setattr(indexer_hooks, "_speed_reason", lambda capability: None)
     indexer_hooks.uninstall()
     yield indexer_hooks
     indexer_hooks.uninstall()
@@ -140,7 +143,7 @@ def test_v32_layer_runs_b12x_through_the_call_its_attention_makes(hooks):
     from vllm.models.deepseek_v32 import attention as v32
 
     config = s.make_config(max_model_len=V32_MAX_MODEL_LEN, block_size=s.V32_BLOCK)
-    # the real device check, on the real GPU: nothing patched
+    # the real device check, on the real GPU (only the speed rule set aside)
     assert hooks.unsupported_reason(config) is None
     assert hooks.install(config)
     buffer = torch.full((config.scheduler_config.max_num_batched_tokens, s.TOPK), -9,

@@ -3,9 +3,11 @@
 A fresh process per switch value loads vLLM's plugins with vLLM's own loader on
 its CUDA platform (as each vLLM process does), and ``b12x doctor`` runs with the
 same environment: what doctor says the switch turns on is what the plugin
-installed. On Hopper the indexer's device check passes and b12x serves
-DeepSeek V4 layers; the configurations it does not serve go to vLLM's own
-indexer, each with its reason logged once.
+installed, and the indexer follows the speed rule (b12x only where the
+committed benchmark shows it at least as fast as stock vLLM). With the rule
+set aside, on Hopper the device check passes and b12x serves DeepSeek V4
+layers; the configurations it does not serve go to vLLM's own indexer, each
+with its reason logged once.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import indexer_support as s
 import pytest
 import torch
 from b12x.attention import dsa_indexer
-from b12x.integration.vllm import indexer_backend, indexer_hooks, plugin
+from b12x.integration.vllm import indexer_backend, indexer_hooks, plugin, speed_rule
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention
+from vllm.utils.import_utils import has_deep_gemm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("on_cuda")]
 on_cuda = g.on_cuda
@@ -82,19 +85,29 @@ def test_what_doctor_says_is_on_is_what_vllms_plugin_loader_installs(switch, com
     report = doctor(switch)
     probe, log = vllm_process(switch)
     assert probe["platform"] == "cuda"
+    rule = this_gpus_rule()
     assert ("sparse indexer for DeepSeek" in report) is ("indexer" in components)
-    assert probe["indexer_hooks"] is ("indexer" in components)
+    assert probe["indexer_hooks"] is ("indexer" in components and rule.use_b12x)
+    who = "b12x" if rule.use_b12x else "vLLM's own"
+    assert f"vLLM indexer with B12X_VLLM=indexer: {who} ({rule.reason})" in report
     assert ("all-reduce in vLLM's custom all-reduce slot" in report) is ("allreduce" in components)
     assert probe["allreduce"] is ("allreduce" in components)
     if components:
         assert f"b12x vLLM plugin on: {', '.join(components)}" in log
     else:
         assert "unset: off, vLLM runs as stock" in report
-    # this GPU runs the kernels: the only reason the hooks would decline is absent
-    assert probe["indexer_reason"] is None
-    if "indexer" in components:
+    # this GPU runs the kernels: the only reason the hooks decline is the speed rule's
+    assert probe["indexer_reason"] == (None if rule.use_b12x else rule.reason)
+    if "indexer" in components and rule.use_b12x:
         assert "b12x indexer installed for DeepSeek V3.2 / V4" in log
         assert "b12x indexer not used" not in log
+    elif "indexer" in components:
+        assert f"b12x indexer not used: {rule.reason}" in log
+
+
+def this_gpus_rule() -> speed_rule.Decision:
+    capability = tuple(torch.cuda.get_device_capability(0))
+    return speed_rule.decide(capability, speed_rule.PLAN_PRECISION, has_deep_gemm())
 
 
 def test_doctor_reports_this_gpu_its_ptx_and_the_flavors_the_plans_resolve():
@@ -114,6 +127,8 @@ def test_doctor_reports_this_gpu_its_ptx_and_the_flavors_the_plans_resolve():
 
 @pytest.fixture
 def hooks(monkeypatch):
+    # the rule set aside: what b12x does where it serves (the rule itself: above)
+    monkeypatch.setattr(indexer_hooks, "_speed_reason", lambda capability: None)
     indexer_hooks.uninstall()
     monkeypatch.setattr(indexer_hooks, "_LOGGED", set())
     yield indexer_hooks
@@ -134,7 +149,7 @@ def test_on_hopper_b12x_serves_v4_layers_and_leaves_the_rest_to_vllm(hooks, capl
         pytest.skip("the Hopper decisions: this GPU is not sm_90")
     vllm_own = DeepseekV4Attention.__dict__["_get_indexer_cls"]
     config = s.make_config(speculative_tokens=1)
-    assert hooks.unsupported_reason(config) is None  # the real device check, nothing patched
+    assert hooks.unsupported_reason(config) is None  # the real device check (rule aside)
     assert hooks.install(config)
     b12x_cls = indexer_backend.B12xDeepseekV4Indexer
     assert DeepseekV4Attention._get_indexer_cls(None, config) is b12x_cls

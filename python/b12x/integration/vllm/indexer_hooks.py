@@ -10,8 +10,11 @@ builder. vLLM is imported only when ``install`` runs.
 Every layer decides again when it is built, from the config it is built
 with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
 decode or prefill context parallelism, adaptive verification) gets vLLM's
-own classes, and the reason is logged once. ``install`` says False, with the reason logged once,
-when what it can see already rules b12x out.
+own classes, and the reason is logged once. So does a GPU where b12x's
+indexer is not shown at least as fast as stock vLLM's
+(:mod:`~b12x.integration.vllm.speed_rule`: on Hopper today). ``install``
+says False, with the reason logged once, when what it can see already rules
+b12x out.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def _device_reason() -> str | None:
         device = torch.cuda.current_device()
         if not dsa_indexer.is_supported(device):
             return f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
-        return None
+        return _speed_reason(tuple(torch.cuda.get_device_capability(device)))
     try:
         from vllm.platforms import current_platform
     except ImportError as e:
@@ -63,7 +66,19 @@ def _device_reason() -> str | None:
     least = _core.MIN_COMPUTE_CAPABILITY
     if capability is None or tuple(capability) < least:
         return f"GPU compute capability {capability} is below {least} (FP8 MMA)"
-    return None
+    return _speed_reason(tuple(capability))
+
+
+def _speed_reason(capability: tuple[int, ...]) -> str | None:
+    """Why b12x would make this GPU's indexer slower than stock vLLM's, or None
+    (:mod:`~b12x.integration.vllm.speed_rule`)."""
+    from b12x.integration.vllm import speed_rule
+
+    major, minor = capability[0], capability[1]
+    decision = speed_rule.decide(
+        (major, minor), speed_rule.PLAN_PRECISION, speed_rule.stock_fast_path(inside_vllm=True)
+    )
+    return None if decision.use_b12x else decision.reason
 
 
 def _config_reason(vllm_config: Any) -> str | None:
