@@ -27,35 +27,16 @@ def is_available() -> bool:
 
 
 def device_index(device: torch.device | str | int | None, *, op: str = "b12x") -> int:
-    """The CUDA ordinal of ``device``: a torch.device, ``"cuda[:N]"`` or an
-    ordinal N; None or a bare ``"cuda"`` mean torch's current device (0
-    without CUDA). The one device grammar of b12x's Python entry points
-    (strings through ``_core.parse_device_name``); anything else, or an
-    ordinal outside 0..=``_core.MAX_CUDA_ORDINAL``, is a
-    :class:`b12x.errors.DeviceError` naming ``op``.
+    """The CUDA ordinal of ``device`` under b12x's one device grammar (the
+    same for every entry point; ``_core.resolve_device``): a torch.device,
+    ``"cuda:N"`` or an ordinal N in 0..=``_core.MAX_CUDA_ORDINAL``; None or a
+    bare ``"cuda"`` mean the current CUDA device (torch's, cuda:0 without
+    CUDA). Strings are b12x-core's device names (no surrounding whitespace);
+    anything else, or the CPU, is a :class:`b12x.errors.DeviceError` naming
+    ``op``.
     """
-    import torch
-
-    from b12x.errors import DeviceError
-
-    index: int | None = -1  # -1: not a CUDA device
-    if device is None:
-        index = None
-    elif isinstance(device, int) and not isinstance(device, bool):
-        index = device
-    elif isinstance(device, str):
-        name = _core.parse_device_name(device.strip())
-        if name is not None and name[0] == "cuda":
-            index = name[1]
-    elif isinstance(device, torch.device) and device.type == "cuda":
-        index = device.index
-    if index is not None and not 0 <= index <= _core.MAX_CUDA_ORDINAL:
-        raise DeviceError(
-            f"{op}: device expected a CUDA device (a torch.device, 'cuda', 'cuda:N' or "
-            f"an ordinal N in 0..={_core.MAX_CUDA_ORDINAL}), got {device!r}"
-        )
-    if index is None:
-        index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    _, index = _core.resolve_device(device, op, "cuda")
+    assert index is not None  # "cuda" refuses the CPU
     return index
 
 

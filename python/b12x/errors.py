@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlignmentError",
+    "ArgumentTypeError",
     "B12xError",
     "CapacityError",
     "CollectiveTimeoutError",
@@ -42,6 +43,11 @@ class DTypeError(B12xError, TypeError):
 
 class NotATensorError(B12xError, TypeError):
     """An operand is not a tensor (neither torch.Tensor nor a ``__dlpack__`` producer)."""
+
+
+class ArgumentTypeError(B12xError, TypeError):
+    """An argument has the wrong Python type (an operation given as a number,
+    an epsilon as text, a pair as a list, a number where an iterable goes)."""
 
 
 class UnsupportedTensorError(B12xError, TypeError):

@@ -214,7 +214,7 @@ def _scenario_oneshot(torch, dist, AllReduce, Limits):
             cases.append(((nbytes // (torch.finfo(dtype).bits // 8),), dtype))
     cases.append(((3, 5, 8), torch.float32))  # n-d, 480 bytes
     ar.declare(Inv(f"c{i}", "all_reduce", s, d) for i, (s, d) in enumerate(cases))
-    assert all(p.route == "oneshot" for _, p in ar.declared_plans)
+    assert all(p.route == "oneshot" for _, p in ar.plans.declared_plans)
     for i, (shape, dtype) in enumerate(cases):
         _check_plain(torch, dist, ar, shape, dtype, i, graph=False)
         _check_plain(torch, dist, ar, shape, dtype, i, graph=True)
@@ -226,7 +226,7 @@ def _scenario_oneshot(torch, dist, AllReduce, Limits):
     torch.testing.assert_close(got, _nccl_sum(torch, dist, x.contiguous()))
     ar.close()
     ar.close()  # idempotent
-    assert not ar.has_plan_for(x)
+    assert not ar.plans.has_plan_for(x)
 
 
 def _scenario_twoshot(torch, dist, AllReduce, Limits):
@@ -238,7 +238,7 @@ def _scenario_twoshot(torch, dist, AllReduce, Limits):
         ar = AllReduce(limits=limits, timeout_s=30, twoshot_push=push)
         assert ar.enabled, ar.disabled_reason
         ar.declare(Inv(f"c{i}", "all_reduce", s, torch.bfloat16) for i, s in enumerate(cases))
-        plans = [p for _, p in ar.declared_plans]
+        plans = [p for _, p in ar.plans.declared_plans]
         assert [(p.route, p.twoshot_push) for p in plans] == [("twoshot", push)] * len(cases)
         for i, shape in enumerate(cases):
             _check_plain(torch, dist, ar, shape, torch.bfloat16, 100 + i, graph=False)
@@ -265,7 +265,7 @@ def _scenario_fused(torch, dist, AllReduce, Limits):
             Inv(f"f{i}", "all_reduce_fused_add_rms_norm", shape, dtype, None, weights[key], eps)
         )
     ar.declare(invs)
-    assert all(p.route == "oneshot_fused" for _, p in ar.declared_plans)
+    assert all(p.route == "oneshot_fused" for _, p in ar.plans.declared_plans)
     for i, (shape, dtype) in enumerate(cases):
         w = weights[(shape[-1], dtype)]
         _check_fused(torch, dist, ar, shape, dtype, w, eps, 300 + i, graph=False)
@@ -298,7 +298,7 @@ def _scenario_reference_tp2(torch, dist, AllReduce, Limits):
         ]
     ar.declare(invs)
     plans = {}
-    for inv, plan in ar.declared_plans:
+    for inv, plan in ar.plans.declared_plans:
         plans.setdefault(inv.name.split(".")[1], set()).add(id(plan))
     assert len(plans["one"]) == 1 and len(plans["fused"]) == 1 and "big" not in plans
     total = lambda k: sum(r + k for r in range(world))  # noqa: E731
@@ -319,7 +319,7 @@ def _scenario_reference_tp2(torch, dist, AllReduce, Limits):
     for w in (weight, alternate):
         inp = _rand(torch, (4, hidden), torch.bfloat16, 50 + rank)
         res = _rand(torch, (4, hidden), torch.bfloat16, 60)
-        assert ar.has_plan_for(inp, "all_reduce_fused_add_rms_norm", w, eps)
+        assert ar.plans.has_plan_for(inp, "all_reduce_fused_add_rms_norm", w, eps)
         exp_out, exp_res = _fused_reference(torch, dist, inp, res, w, eps)
         ar.fused_add_rms_norm(inp, res, w, eps)
 
@@ -328,11 +328,11 @@ def _scenario_reference_tp2(torch, dist, AllReduce, Limits):
             torch.testing.assert_close(res, exp_res)
 
         _agreed(torch, dist, check)
-    assert not ar.has_plan_for(inp, "all_reduce_fused_add_rms_norm", weight.clone(), eps)
+    assert not ar.plans.has_plan_for(inp, "all_reduce_fused_add_rms_norm", weight.clone(), eps)
     _check_fused(torch, dist, ar, (4, hidden), torch.bfloat16, weight, eps, 70, graph=True)
     # (4, 6144) plain is 48 KB: above one-shot, no two-shot -> NCCL; so is (16, 4096)
-    assert not ar.has_plan_for(torch.empty(4, hidden, device="cuda", dtype=torch.bfloat16))
-    assert not ar.has_plan_for(torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16))
+    assert not ar.plans.has_plan_for(torch.empty(4, hidden, device="cuda", dtype=torch.bfloat16))
+    assert not ar.plans.has_plan_for(torch.empty(16, 4096, device="cuda", dtype=torch.bfloat16))
     ar.close()
 
 
@@ -344,8 +344,8 @@ def _scenario_reference_layers(torch, dist, AllReduce, Limits):
     ar = AllReduce(limits=limits, timeout_s=30)
     assert ar.enabled, ar.disabled_reason
     ar.declare(Inv(f"l{i}", "all_reduce", (64, 4096), torch.bfloat16) for i in range(40))
-    plans = {id(p) for _, p in ar.declared_plans}
-    assert len(plans) == 1 and ar.declared_plans[0][1].route == "twoshot"
+    plans = {id(p) for _, p in ar.plans.declared_plans}
+    assert len(plans) == 1 and ar.plans.declared_plans[0][1].route == "twoshot"
     total = lambda k: sum(r + k for r in range(world))  # noqa: E731
     x = torch.full((64, 4096), rank + 1.0, device="cuda", dtype=torch.bfloat16)
     assert torch.all(ar.all_reduce(x) == total(1))
@@ -371,7 +371,7 @@ def _scenario_capture_refusals(torch, dist, AllReduce, Limits):
         pass
     ar.declare([Inv("a", "all_reduce", (8, 64), torch.bfloat16)])
     cold = torch.ones(8, 72, device="cuda", dtype=torch.bfloat16)
-    assert not ar.has_plan_for(cold)
+    assert not ar.plans.has_plan_for(cold)
     with pytest.raises(UndeclaredPlanError, match="no declared plan for"):
         ar.all_reduce(cold)
     g = torch.cuda.CUDAGraph()
@@ -416,33 +416,33 @@ def _scenario_admission(torch, dist, AllReduce, Limits):
         ]
     )
     x = torch.ones(8, hidden, device="cuda", dtype=bf16)
-    plan = ar.admit(x)
-    assert plan is not None and plan is ar.plan_for(x)
+    call = ar.admit(x)
+    assert call is not None and call.plan is ar.plans.plan_for(x) and call.inp is x
     assert ar.admit(x.cpu()) is None  # the key matches, the device does not
     buf = torch.ones(8 * hidden + 1, device="cuda", dtype=bf16)
     assert ar.admit(buf[1:].view(8, hidden)) is None  # 2 bytes off 16-byte alignment
     assert ar.admit(torch.ones(9, hidden, device="cuda", dtype=bf16)) is None  # undeclared
-    assert torch.all(ar.all_reduce(x, plan=plan) == dist.get_world_size())
+    assert torch.all(call.run() == dist.get_world_size())  # the admitted launch itself
     inp = torch.ones(4, hidden, device="cuda", dtype=bf16)
     res = torch.zeros_like(inp)
     fused = ar.admit(inp, fused_op, weight, eps, res)
-    assert fused is not None and fused.route == "oneshot_fused"
+    assert fused is not None and fused.plan.route == "oneshot_fused"
     assert ar.admit(inp, fused_op, weight, eps, inp) is None  # out would alias residual_out
     assert ar.admit(inp, fused_op, weight, eps, res.float()) is None
     assert ar.admit(inp, fused_op, weight, eps) is None  # no residual
     assert ar.admit(inp, fused_op, weight.clone(), eps, res) is None  # another weight object
     out = torch.empty_like(inp)  # a separate output is admitted as its launch checks it
-    assert ar.admit(inp, fused_op, weight, eps, res, out) is fused
+    assert ar.admit(inp, fused_op, weight, eps, res, out).plan is fused.plan
     assert ar.admit(inp, fused_op, weight, eps, res, out.float()) is None
     assert ar.admit(inp, fused_op, weight, eps, res, out.t().contiguous().t()) is None
     assert ar.admit(inp, fused_op, weight, eps, res, res) is None  # out aliases residual_out
-    ar.fused_add_rms_norm(inp, res, weight, eps, plan=fused)
+    fused.run()
     torch.cuda.synchronize()
     assert torch.all(res == dist.get_world_size())
     ar.close()
     assert ar.admit(x) is None
     with pytest.raises(UndeclaredPlanError, match="closed"):
-        ar.all_reduce(x, plan=plan)
+        ar.all_reduce(x)
 
 
 SCENARIOS = [
@@ -546,7 +546,7 @@ def _failed_setup_worker(rank, world, port, outdir):
     result = {
         "enabled": ar.enabled,
         "reason": ar.disabled_reason,
-        "has_plan": ar.has_plan_for(x),
+        "has_plan": ar.plans.has_plan_for(x),
     }
     try:
         ar.all_reduce(x)

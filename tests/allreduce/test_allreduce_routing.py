@@ -10,9 +10,24 @@ import pytest
 import torch
 from b12x import _core
 from b12x._core import DeclaredPlanIndex
+from b12x.comm import pcie as ar
 from b12x.comm.local_group import NVLS_OFF, free_port, init_local_group
-from b12x.comm.pcie import allreduce as ar
+from b12x.comm.pcie import knobs
 from b12x.errors import ConfigError, UndeclaredPlanError
+
+
+def route(*declaration):
+    """The route of a declaration, or None when it declines."""
+    return ar.route(*declaration)[0]
+
+
+def prepare(invocations, world, limits, multiprocessors=132, twoshot_push=False):
+    """``(routed, declined)`` of declaring ``invocations`` (b12x's one declaring path)."""
+    plans = ar.DeclaredPlans(
+        world, limits, multiprocessors=multiprocessors, twoshot_push=twoshot_push
+    )
+    declined = plans.declare(invocations)
+    return plans.declared_plans, declined
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,31 +62,31 @@ class Inv:
     ],
 )
 def test_parse_byte_size(text, value):
-    assert ar.parse_byte_size(text) == value
+    assert knobs.parse_byte_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["5x", "5ki", "4 kbb", "7 mibs", "1q"])
 def test_bad_suffix_is_a_value_error(text):
     with pytest.raises(ConfigError, match="invalid byte-size suffix"):
-        ar.parse_byte_size(text)
+        knobs.parse_byte_size(text)
     with pytest.raises(ValueError):
-        ar.parse_byte_size(text)
+        knobs.parse_byte_size(text)
 
 
 @pytest.mark.parametrize("text", ["", "KB", "1.5k", "1 2", "0x10", "-", "k5"])
 def test_not_a_size(text):
     with pytest.raises(ConfigError, match="invalid byte size"):
-        ar.parse_byte_size(text)
+        knobs.parse_byte_size(text)
 
 
 # ------------------------------------------------------------- limits
 def test_limits_defaults_and_env():
     assert ar.Limits.from_env({}) == ar.Limits()
     env = {
-        ar.ENV_ONESHOT_MAX: "16KB",
-        ar.ENV_FUSED_MAX: "72KB",
-        ar.ENV_TWOSHOT_MAX: "768KB",
-        ar.ENV_TWOSHOT_ROW_ELEMS: "896",
+        knobs.ENV_ONESHOT_MAX: "16KB",
+        knobs.ENV_FUSED_MAX: "72KB",
+        knobs.ENV_TWOSHOT_MAX: "768KB",
+        knobs.ENV_TWOSHOT_ROW_ELEMS: "896",
     }
     limits = ar.Limits.from_env(env)
     assert limits == ar.Limits(16384, 73728, 786432, 896)
@@ -81,17 +96,17 @@ def test_limits_defaults_and_env():
 
 @pytest.mark.parametrize("off", ["", "0", "off", "none", "Disabled"])
 def test_twoshot_off_values(off):
-    assert ar.Limits.from_env({ar.ENV_TWOSHOT_MAX: off}).twoshot_max == 0
+    assert ar.Limits.from_env({knobs.ENV_TWOSHOT_MAX: off}).twoshot_max == 0
 
 
 def test_one_shot_zero_disables_and_negative_is_rejected():
-    limits = ar.Limits.from_env({ar.ENV_ONESHOT_MAX: "0"})
+    limits = ar.Limits.from_env({knobs.ENV_ONESHOT_MAX: "0"})
     assert limits.oneshot_max == 0
-    assert ar.route(ar.PLAIN, (8,), torch.bfloat16, None, 2, limits) is None
+    assert route(ar.PLAIN, (8,), torch.bfloat16, None, 2, limits) is None
     with pytest.raises(ValueError, match="non-negative"):
-        ar.Limits.from_env({ar.ENV_FUSED_MAX: "-1"})
+        ar.Limits.from_env({knobs.ENV_FUSED_MAX: "-1"})
     with pytest.raises(ValueError):
-        ar.Limits.from_env({ar.ENV_TWOSHOT_MAX: "-1"})
+        ar.Limits.from_env({knobs.ENV_TWOSHOT_MAX: "-1"})
     with pytest.raises(ValueError):
         ar.Limits(oneshot_max=-1)
 
@@ -102,75 +117,75 @@ TP4 = ar.Limits(oneshot_max=16 << 10, fused_max=16 << 10, twoshot_max=768 << 10)
 
 
 def test_oneshot_ceiling_is_inclusive():
-    assert ar.route(ar.PLAIN, (1, 8192), torch.bfloat16, None, 2, TP2) == "oneshot"
-    assert ar.route(ar.PLAIN, (1, 8200), torch.bfloat16, None, 2, TP2) is None
-    assert ar.route(ar.PLAIN, (1, 6144), torch.bfloat16, None, 2, TP2) == "oneshot"
+    assert route(ar.PLAIN, (1, 8192), torch.bfloat16, None, 2, TP2) == "oneshot"
+    assert route(ar.PLAIN, (1, 8200), torch.bfloat16, None, 2, TP2) is None
+    assert route(ar.PLAIN, (1, 6144), torch.bfloat16, None, 2, TP2) == "oneshot"
 
 
 def test_reference_tp2_case_routes():
     # (1, 6144) plain one-shot, (4, 6144) fused, (4, 6144) plain declines (48 KB)
-    assert ar.route(ar.PLAIN, (1, 6144), torch.bfloat16, None, 2, TP2) == "oneshot"
-    assert ar.route(ar.FUSED, (4, 6144), torch.bfloat16, None, 2, TP2) == "oneshot_fused"
-    name, why = ar.route_with_reason(ar.PLAIN, (4, 6144), torch.bfloat16, None, 2, TP2)
+    assert route(ar.PLAIN, (1, 6144), torch.bfloat16, None, 2, TP2) == "oneshot"
+    assert route(ar.FUSED, (4, 6144), torch.bfloat16, None, 2, TP2) == "oneshot_fused"
+    name, why = ar.route(ar.PLAIN, (4, 6144), torch.bfloat16, None, 2, TP2)
     assert name is None and "two-shot" in why
 
 
 def test_reference_tp4_twoshot_window():
-    assert ar.route(ar.PLAIN, (12, 5120), torch.bfloat16, None, 4, TP4) is None
-    assert ar.route(ar.PLAIN, (16, 5120), torch.bfloat16, None, 4, TP4) == "twoshot"
-    assert ar.route(ar.PLAIN, (64, 4096), torch.bfloat16, None, 4, TP4) == "twoshot"
+    assert route(ar.PLAIN, (12, 5120), torch.bfloat16, None, 4, TP4) is None
+    assert route(ar.PLAIN, (16, 5120), torch.bfloat16, None, 4, TP4) == "twoshot"
+    assert route(ar.PLAIN, (64, 4096), torch.bfloat16, None, 4, TP4) == "twoshot"
     # one-shot keeps priority below its ceiling; above the window nothing routes
-    assert ar.route(ar.PLAIN, (2, 4096), torch.bfloat16, None, 4, TP4) == "oneshot"
-    assert ar.route(ar.PLAIN, (256, 4096), torch.bfloat16, None, 4, TP4) is None
+    assert route(ar.PLAIN, (2, 4096), torch.bfloat16, None, 4, TP4) == "oneshot"
+    assert route(ar.PLAIN, (256, 4096), torch.bfloat16, None, 4, TP4) is None
     # two-shot is bf16 only and contiguous only
-    assert ar.route(ar.PLAIN, (16, 5120), torch.float16, None, 4, TP4) is None
-    assert ar.route(ar.PLAIN, (16, 5120), torch.bfloat16, (1, 16), 4, TP4) is None
+    assert route(ar.PLAIN, (16, 5120), torch.float16, None, 4, TP4) is None
+    assert route(ar.PLAIN, (16, 5120), torch.bfloat16, (1, 16), 4, TP4) is None
 
 
 def test_fused_has_an_independent_ceiling():
     limits = ar.Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
-    assert ar.route(ar.PLAIN, (2, 4), torch.float32, None, 2, limits) is None
-    assert ar.route(ar.FUSED, (2, 4), torch.float32, None, 2, limits) == "oneshot_fused"
-    assert ar.route(ar.FUSED, (2, 8), torch.float32, None, 2, limits) == "oneshot_fused"
-    assert ar.route(ar.FUSED, (4, 8), torch.float32, None, 2, limits) is None
+    assert route(ar.PLAIN, (2, 4), torch.float32, None, 2, limits) is None
+    assert route(ar.FUSED, (2, 4), torch.float32, None, 2, limits) == "oneshot_fused"
+    assert route(ar.FUSED, (2, 8), torch.float32, None, 2, limits) == "oneshot_fused"
+    assert route(ar.FUSED, (4, 8), torch.float32, None, 2, limits) is None
 
 
 @pytest.mark.parametrize("world", range(2, 9))
 def test_every_world_size_routes(world):
-    assert ar.route(ar.PLAIN, (64,), torch.float16, None, world, TP4) == "oneshot"
+    assert route(ar.PLAIN, (64,), torch.float16, None, world, TP4) == "oneshot"
     numel = world * 4096 * 4
-    assert ar.route(ar.PLAIN, (numel,), torch.bfloat16, None, world, TP4) == "twoshot"
+    assert route(ar.PLAIN, (numel,), torch.bfloat16, None, world, TP4) == "twoshot"
 
 
 @pytest.mark.parametrize("world", [1, 9, 16])
 def test_unsupported_world_sizes_decline(world):
-    name, why = ar.route_with_reason(ar.PLAIN, (64,), torch.float16, None, world, TP4)
+    name, why = ar.route(ar.PLAIN, (64,), torch.float16, None, world, TP4)
     assert name is None and "world size" in why
 
 
 def test_unsupported_dtypes_and_odd_sizes_decline():
     for dtype in (torch.int32, torch.float64, torch.float8_e4m3fn):
-        assert ar.route(ar.PLAIN, (64,), dtype, None, 2, TP2) is None
-    name, why = ar.route_with_reason(ar.PLAIN, (3,), torch.float32, None, 2, TP2)
+        assert route(ar.PLAIN, (64,), dtype, None, 2, TP2) is None
+    name, why = ar.route(ar.PLAIN, (3,), torch.float32, None, 2, TP2)
     assert name is None and "multiple of 16" in why
     # fused rows must be whole 16-byte packs, at most 64 KiB
-    assert ar.route(ar.FUSED, (2, 7), torch.bfloat16, None, 2, TP2) is None
+    assert route(ar.FUSED, (2, 7), torch.bfloat16, None, 2, TP2) is None
     big = ar.Limits(fused_max=1 << 30)
-    assert ar.route(ar.FUSED, (1, 32768), torch.bfloat16, None, 2, big) == "oneshot_fused"
-    assert ar.route(ar.FUSED, (1, 32776), torch.bfloat16, None, 2, big) is None
+    assert route(ar.FUSED, (1, 32768), torch.bfloat16, None, 2, big) == "oneshot_fused"
+    assert route(ar.FUSED, (1, 32776), torch.bfloat16, None, 2, big) is None
 
 
 def test_strides_and_singletons():
-    r = lambda shape, strides: ar.route(ar.PLAIN, shape, torch.bfloat16, strides, 2, TP2)  # noqa: E731
+    r = lambda shape, strides: route(ar.PLAIN, shape, torch.bfloat16, strides, 2, TP2)  # noqa: E731
     assert r((1, 8), (10, 1)) == "oneshot"  # a padded singleton row is still dense
     assert r((2, 8), (10, 1)) is None  # padded rows are not
     assert r((8, 2), (1, 8)) == "oneshot"  # transposed but dense: elementwise is fine
-    assert ar.route(ar.FUSED, (8, 2), torch.float32, (1, 8), 2, TP2) is None
+    assert route(ar.FUSED, (8, 2), torch.float32, (1, 8), 2, TP2) is None
 
 
 def test_unknown_operation_is_a_config_error():
     with pytest.raises(ConfigError, match="operation"):
-        ar.route("all_gather", (8,), torch.bfloat16, None, 2, TP2)
+        route("all_gather", (8,), torch.bfloat16, None, 2, TP2)
 
 
 # ------------------------------------------------------------- preparation
@@ -191,7 +206,7 @@ def test_equal_declarations_share_one_plan():
             ),
             Inv(f"l{layer}.big", ar.PLAIN, (16, 4096), torch.bfloat16),
         ]
-    routed, declined = ar.prepare_declarations(invs, 2, TP2, multiprocessors=132)
+    routed, declined = prepare(invs, 2, TP2, multiprocessors=132)
     assert [inv.name for inv, _ in declined] == [f"l{i}.big" for i in range(40)]
     plain = {id(p) for inv, p in routed if inv.operation == ar.PLAIN}
     fused = {id(p) for inv, p in routed if inv.operation == ar.FUSED}
@@ -206,8 +221,11 @@ def _plan(operation, shape, dtype, world=2, sms=132, limits=None, push=False):
         if limits is None
         else limits
     )
-    routed, declined = ar.prepare_declarations(
-        [Inv("p", operation, shape, dtype)], world, limits, sms, twoshot_push=push
+    norm = {}
+    if operation == ar.FUSED:
+        norm = {"norm_weight": torch.ones(shape[-1], dtype=dtype), "epsilon": 1e-6}
+    routed, declined = prepare(
+        [Inv("p", operation, shape, dtype, **norm)], world, limits, sms, twoshot_push=push
     )
     assert not declined, declined
     return routed[0][1]
@@ -225,11 +243,11 @@ def test_plans_carry_route_kernel_and_resident_geometry():
     assert f.geometry == (16, 896, 1) and f.kernel == "b12x_allreduce_fused_bf16_p1"
     f32 = _plan(ar.FUSED, (3, 7168), torch.float32, world=8)
     assert f32.geometry == (3, 1024, 2)
-    push = ar.prepare_declarations(
+    push = prepare(
         [Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132, twoshot_push=True
     )[0]
     assert push[0][1].twoshot_push and push[0][1].kernel == "b12x_allreduce_twoshot_push_bf16"
-    pull = ar.prepare_declarations([Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132)
+    pull = prepare([Inv("t", ar.PLAIN, (64, 4096), torch.bfloat16)], 2, TP4, 132)
     assert pull[0][0][1].kernel == "b12x_allreduce_twoshot_bf16"
     two = ar.Limits(oneshot_max=0, fused_max=0, twoshot_max=32 << 20)
     for world in (2, 4, 8):
@@ -238,10 +256,10 @@ def test_plans_carry_route_kernel_and_resident_geometry():
         assert 1 <= grid <= 36 and block == 512
     assert "twoshot" in repr(t)
     # no two-shot kernel for float16, and no operation but the two declared ones
-    _, declined = ar.prepare_declarations([Inv("h", ar.PLAIN, (64,), torch.float16)], 2, two, 132)
+    _, declined = prepare([Inv("h", ar.PLAIN, (64,), torch.float16)], 2, two, 132)
     assert "bfloat16" in declined[0][1]
     with pytest.raises(ConfigError, match="operation"):
-        ar.prepare_declarations([Inv("d", "dma", (64,), torch.bfloat16)], 2, two, 132)
+        prepare([Inv("d", "dma", (64,), torch.bfloat16)], 2, two, 132)
     with pytest.raises(TypeError):
         _core.AllReducePlan("oneshot", [1, 8192], "bfloat16", 2, 132)  # only declare() makes plans
 
@@ -342,7 +360,7 @@ def _gloo_setup_worker(rank, world, port, outdir):
     result = {
         "enabled": runtime.enabled,
         "reason": runtime.disabled_reason,
-        "has_plan": runtime.has_plan_for(torch.empty(8)),
+        "has_plan": runtime.plans.has_plan_for(torch.empty(8)),
         "nvls_off": all(os.environ.get(k) == v for k, v in NVLS_OFF.items()),
     }
     runtime.close()
@@ -372,23 +390,14 @@ def test_a_setup_failure_on_one_rank_disables_every_rank(tmp_path):
 
 
 # ------------------------------------------------------------- declare -> lookup wiring
-class _FakeRuntime:
-    multiprocessors = 132
-
-
-def _bare_runtime(world: int = 2, limits: ar.Limits = TP2) -> ar.AllReduce:
-    """An AllReduce past a successful setup, without a group or a GPU."""
-    runtime = object.__new__(ar.AllReduce)
-    runtime.enabled, runtime.disabled_reason, runtime._closed = True, None, False
-    runtime.world_size, runtime.rank, runtime.limits = world, 0, limits
-    runtime.twoshot_push, runtime._rt, runtime.device = False, _FakeRuntime(), "cuda:0"
-    runtime._index, runtime._declared = DeclaredPlanIndex([]), []
-    return runtime
+def _stand_in(world: int = 2, limits: ar.Limits = TP2) -> ar.AllReduce:
+    """An enabled AllReduce without a group or a GPU (its host stand-in)."""
+    return ar.AllReduce.host_stand_in(world, limits=limits)
 
 
 def test_declare_indexes_routed_plans_and_declines_the_rest():
     weight = torch.ones(6144, dtype=torch.bfloat16)
-    runtime = _bare_runtime()
+    runtime = _stand_in()
     runtime.declare(
         [
             Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16),
@@ -396,29 +405,31 @@ def test_declare_indexes_routed_plans_and_declines_the_rest():
             Inv("fused", ar.FUSED, (4, 6144), torch.bfloat16, norm_weight=weight, epsilon=1e-6),
         ]
     )
-    assert [inv.name for inv, _ in runtime.declared_plans] == ["one", "fused"]
+    plans = runtime.plans
+    assert [inv.name for inv, _ in plans.declared_plans] == ["one", "fused"]
     one = torch.empty(1, 6144, dtype=torch.bfloat16)
-    assert runtime.has_plan_for(one)
-    assert runtime.plan_for(one).route == "oneshot"
+    assert plans.has_plan_for(one)
+    assert plans.plan_for(one).route == "oneshot"
     x = torch.empty(4, 6144, dtype=torch.bfloat16)
-    assert runtime.plan_for(x, ar.FUSED, weight, 1e-6).route == "oneshot_fused"
-    assert not runtime.has_plan_for(x)  # plain (4, 6144) declined: NCCL takes it
-    assert not runtime.has_plan_for(torch.empty(16, 4096, dtype=torch.bfloat16))
+    assert plans.plan_for(x, ar.FUSED, weight, 1e-6).route == "oneshot_fused"
+    assert not plans.has_plan_for(x)  # plain (4, 6144) declined: NCCL takes it
+    assert not plans.has_plan_for(torch.empty(16, 4096, dtype=torch.bfloat16))
     with pytest.raises(UndeclaredPlanError, match="no declared plan for"):
-        runtime.plan_for(x)
+        plans.plan_for(x)
     # a refresh replaces the declarations wholesale
     runtime.declare([])
-    assert not runtime.has_plan_for(one)
+    assert not plans.has_plan_for(one)
     assert "plans=0" in repr(runtime)
 
 
 def test_a_disabled_runtime_declines_everything():
-    runtime = _bare_runtime()
+    runtime = _stand_in()
     runtime.declare([Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16)])
-    runtime.enabled, runtime.disabled_reason = False, "setup step 'allocate' failed on rank(s) [1]"
     one = torch.empty(1, 6144, dtype=torch.bfloat16)
-    assert not runtime.has_plan_for(one)
+    assert runtime.admit(one) is not None
+    runtime._disable("setup step 'allocate' failed on rank(s) [1]")
+    assert runtime.admit(one) is None
     with pytest.raises(UndeclaredPlanError, match="disabled"):
         runtime.all_reduce(one)
     runtime.declare([Inv("one", ar.PLAIN, (1, 6144), torch.bfloat16)])
-    assert runtime.declared_plans == []
+    assert runtime.plans.declared_plans == [] and not runtime.plans.has_plan_for(one)

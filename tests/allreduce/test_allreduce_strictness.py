@@ -16,15 +16,15 @@ import torch
 from b12x.comm import pcie
 from b12x.comm.local_group import free_port, init_local_group
 from b12x.comm.pcie import allreduce as ar
-from b12x.comm.pcie import knobs
+from b12x.comm.pcie import handshake, knobs
 from b12x.errors import B12xError, ConfigError, DeviceError, UndeclaredPlanError
-from test_allreduce_routing import TP2, Inv, _bare_runtime
+from test_allreduce_routing import TP2, Inv, _stand_in
 
 
-# ------------------------------------------------------------- item 5: plan= on a dead runtime
+# ------------------------------------------------------------- item 5: calls on a dead runtime
 @pytest.mark.parametrize("how", ["disabled", "closed"])
-def test_a_disabled_or_closed_runtime_refuses_a_plan_cleanly(how):
-    runtime = _bare_runtime(limits=TP2)
+def test_a_disabled_or_closed_runtime_refuses_a_call_cleanly(how):
+    runtime = _stand_in(limits=TP2)
     weight = torch.ones(6144, dtype=torch.bfloat16)
     runtime.declare(
         [
@@ -32,22 +32,25 @@ def test_a_disabled_or_closed_runtime_refuses_a_plan_cleanly(how):
             Inv("fused", ar.FUSED, (4, 6144), torch.bfloat16, norm_weight=weight, epsilon=1e-6),
         ]
     )
-    (_, plan), (_, fused_plan) = runtime.declared_plans
-    if how == "disabled":
-        runtime.enabled, runtime.disabled_reason = False, "setup step 'allocate' failed"
-    else:
-        runtime._rt = None  # the fake runtime has nothing to release
-        runtime.close()
     one = torch.empty(1, 6144, dtype=torch.bfloat16)
     x = torch.empty(4, 6144, dtype=torch.bfloat16)
+    admitted = runtime.admit(one)
+    assert admitted is not None
+    if how == "disabled":
+        runtime._disable("setup step 'allocate' failed")
+    else:
+        runtime.close()
     with pytest.raises(
         UndeclaredPlanError, match=f"disabled.*{'allocate' if how == 'disabled' else 'closed'}"
     ):
-        runtime.all_reduce(one, plan=plan)
+        runtime.all_reduce(one)
     with pytest.raises(UndeclaredPlanError, match="disabled"):
-        runtime.fused_add_rms_norm(x, x.clone(), weight, 1e-6, plan=fused_plan)
+        runtime.fused_add_rms_norm(x, x.clone(), weight, 1e-6)
     assert runtime.admit(one) is None
     assert runtime.admit(x, ar.FUSED, weight, 1e-6, x.clone()) is None
+    if how == "closed":  # a call admitted before the close does not run after it
+        with pytest.raises(B12xError, match="open runtime"):
+            admitted.run()
 
 
 # ------------------------------------------------------------- item 5: timeouts
@@ -123,26 +126,26 @@ def test_a_bad_timeout_on_one_rank_is_agreed_before_use(tmp_path):
 )
 def test_out_of_range_limits_are_refused_at_construction(field, value):
     with pytest.raises(ConfigError, match=f"^Limits: {field} expected .*got {value!r}"):
-        ar.Limits(**{field: value})
+        pcie.Limits(**{field: value})
 
 
 def test_limits_are_one_core_struct():
-    limits = ar.Limits(16384, 73728, 786432, 896)
-    assert limits == ar.Limits.from_env(
+    limits = pcie.Limits(16384, 73728, 786432, 896)
+    assert limits == pcie.Limits.from_env(
         {
-            ar.ENV_ONESHOT_MAX: "16KB",
-            ar.ENV_FUSED_MAX: "72KB",
-            ar.ENV_TWOSHOT_MAX: "768KB",
-            ar.ENV_TWOSHOT_ROW_ELEMS: "896",
+            knobs.ENV_ONESHOT_MAX: "16KB",
+            knobs.ENV_FUSED_MAX: "72KB",
+            knobs.ENV_TWOSHOT_MAX: "768KB",
+            knobs.ENV_TWOSHOT_ROW_ELEMS: "896",
         }
     )
-    assert hash(limits) == hash(ar.Limits(16384, 73728, 786432, 896))
-    assert ar.Limits(2**40, 2**40, 2**40, 2**31).slot_bytes(twoshot_push=True) == 2**41
+    assert hash(limits) == hash(pcie.Limits(16384, 73728, 786432, 896))
+    assert pcie.Limits(2**40, 2**40, 2**40, 2**31).slot_bytes(twoshot_push=True) == 2**41
     assert "oneshot_max=16384" in repr(limits)
     import pickle
 
     assert pickle.loads(pickle.dumps(limits)) == limits
-    assert pcie.Limits is ar.Limits is knobs.Limits
+    assert pcie.Limits is knobs.Limits
 
 
 # ------------------------------------------------------------- item 5: devices
@@ -164,15 +167,16 @@ def test_limits_are_one_core_struct():
     ],
 )
 def test_bad_devices_name_the_operand(device):
-    with pytest.raises(DeviceError, match=r"^AllReduce: device expected a CUDA device"):
-        ar.cuda_device(device)
+    expected = r"^AllReduce: device expected (a CUDA device|a torch|a CUDA ordinal)"
+    with pytest.raises(DeviceError, match=expected):
+        handshake.cuda_device(device)
 
 
 def test_good_devices_resolve_to_their_ordinal():
-    assert ar.cuda_device(3) == torch.device("cuda", 3)
-    assert ar.cuda_device(" cuda:7 ") == torch.device("cuda", 7)
-    assert ar.cuda_device(torch.device("cuda", 2)) == torch.device("cuda", 2)
-    assert ar.cuda_device(None).type == "cuda"
+    assert handshake.cuda_device(3) == torch.device("cuda", 3)
+    assert handshake.cuda_device("cuda:7") == torch.device("cuda", 7)
+    assert handshake.cuda_device(torch.device("cuda", 2)) == torch.device("cuda", 2)
+    assert handshake.cuda_device(None).type == "cuda"
 
 
 # ------------------------------------------------------------- item 6: environment knobs
@@ -194,7 +198,7 @@ def _read(var, env):
         return knobs.twoshot_push(None, env)
     if var == knobs.ENV_FAIL_SETUP_RANK:
         return knobs.fail_setup_rank(env)
-    return ar.Limits.from_env(env)
+    return pcie.Limits.from_env(env)
 
 
 @pytest.mark.parametrize(

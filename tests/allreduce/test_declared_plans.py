@@ -1,18 +1,15 @@
-"""Declaring without a runtime: ``b12x.comm.pcie.declare_plans`` and ``DeclaredPlans``.
-
-The one path from declared invocations to indexed plans, used by the runtime
-(``AllReduce.declare``), by the vLLM adapter where there is no runtime, and
-by the tests' runtime doubles. CPU only.
+"""Declaring: ``b12x.comm.pcie.DeclaredPlans``, the one path from declared
+invocations to indexed plans, held by the runtime (``AllReduce.plans``) and
+by the vLLM adapter where there is no runtime. CPU only.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from b12x.comm import pcie
-from b12x.comm.pcie import FUSED, PLAIN, DeclaredPlanIndex, DeclaredPlans, Invocation, Limits
+from b12x.comm.pcie import FUSED, PLAIN, DeclaredPlans, Invocation, Limits
 from b12x.errors import ConfigError, UndeclaredPlanError
-from test_allreduce_routing import _bare_runtime
+from test_allreduce_routing import _stand_in
 
 LIMITS = Limits(oneshot_max=16 << 10, fused_max=16 << 10, twoshot_max=768 << 10)
 HIDDEN = 1024
@@ -29,10 +26,12 @@ def declarations(weight):
     ]
 
 
-def test_declare_plans_routes_prepares_and_swaps_the_index():
+def test_declare_routes_prepares_and_swaps_the_index():
     weight = torch.ones(HIDDEN, dtype=torch.bfloat16)
-    index = DeclaredPlanIndex()
-    routed, declined = pcie.declare_plans(index, declarations(weight), 4, LIMITS, 132)
+    plans = DeclaredPlans(4, LIMITS, multiprocessors=132)
+    index = plans.index
+    declined = plans.declare(declarations(weight))
+    routed = plans.declared_plans
     assert [(inv.name, plan.route) for inv, plan in routed] == [
         ("one", "oneshot"),
         ("one.again", "oneshot"),
@@ -43,25 +42,29 @@ def test_declare_plans_routes_prepares_and_swaps_the_index():
     assert [inv.name for inv, _ in declined] == ["odd"] and "two-shot" in declined[0][1]
     assert index.declared() == routed and len(index) == 3
     assert index.lookup(torch.empty(64, 4096, dtype=torch.bfloat16)) is routed[2][1]
-    pcie.declare_plans(index, [], 4, LIMITS, 132)  # a refresh replaces everything
-    assert len(index) == 0
+    plans.declare([])  # a refresh replaces everything
+    assert len(index) == 0 and plans.index is index
 
 
 def test_the_runtime_declares_through_the_same_path():
     weight = torch.ones(HIDDEN, dtype=torch.bfloat16)
-    runtime = _bare_runtime(world=4, limits=LIMITS)
+    runtime = _stand_in(world=4, limits=LIMITS)
     runtime.declare(declarations(weight))
     plans = DeclaredPlans(4, LIMITS, multiprocessors=132)
     plans.declare(declarations(weight))
-    assert runtime.index is runtime._index  # the index admit() looks calls up in
-    seen = [(inv.name, p.route, p.geometry, p.staged_bytes) for inv, p in runtime.declared_plans]
+    assert type(runtime.plans) is DeclaredPlans  # held, not re-implemented
+    held = runtime.plans.declared_plans
+    seen = [(inv.name, p.route, p.geometry, p.staged_bytes) for inv, p in held]
     assert seen == [
         (inv.name, p.route, p.geometry, p.staged_bytes) for inv, p in plans.declared_plans
     ]
-    assert len(runtime.index) == len(plans) == 3
+    assert len(runtime.plans) == len(plans) == 3
+    # admission looks calls up in exactly that index
+    x = torch.empty(64, 4096, dtype=torch.bfloat16)
+    assert runtime.admit(x).plan is runtime.plans.plan_for(x)
 
 
-def test_declared_plans_answer_as_the_runtime_does_and_admit_nothing():
+def test_declared_plans_answer_lookups_and_never_raise_on_a_probe():
     weight = torch.ones(HIDDEN, dtype=torch.bfloat16)
     plans = DeclaredPlans(4, LIMITS)
     declined = plans.declare(declarations(weight))
@@ -72,7 +75,7 @@ def test_declared_plans_answer_as_the_runtime_does_and_admit_nothing():
     with pytest.raises(UndeclaredPlanError, match="no declared plan for"):
         plans.plan_for(x)
     assert not plans.has_plan_for("not a tensor")  # never raises
-    assert plans.admit(x, FUSED, weight, 1e-6, torch.zeros_like(x)) is None  # nothing runs
+    assert not hasattr(plans, "admit")  # admission is a runtime's
     plans.clear()
     assert len(plans) == 0 and plans.declared_plans == []
 
@@ -81,4 +84,4 @@ def test_declaring_needs_limits():
     with pytest.raises(
         ConfigError, match=r"limits expected a b12x\.comm\.pcie\.Limits, got object"
     ):
-        DeclaredPlans(2, object()).declare([])
+        DeclaredPlans(2, object())

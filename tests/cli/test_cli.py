@@ -25,6 +25,18 @@ def test_import_exposes_version_and_build_facts():
     assert all(targets[n] == "compute_90a" for n in hopper)
 
 
+def test_the_minimum_driver_is_one_fact():
+    """b12x-cuda states it (ptx::MIN_DRIVER); the README and the PTX build
+    script say the same number."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    driver = b12x.build_info()["min_driver"]
+    assert driver == "570"  # PTX ISA 8.7's driver line
+    assert f"NVIDIA driver >= {driver}" in (root / "README.md").read_text()
+    assert f"every driver from {driver} on" in (root / "kernels" / "build_ptx.py").read_text()
+
+
 def test_exception_classes_fit_the_builtins():
     assert issubclass(b12x.ShapeError, ValueError)
     assert issubclass(b12x.DTypeError, TypeError)

@@ -90,7 +90,7 @@ def test_inputs_may_alias_each_other(case):
     aw = lens[:1]  # active width read from the first length's bytes
     table = torch.zeros((ROWS, WIDTH), dtype=torch.int32)
     b = di.bind(plan, **operands(inputs, plan, active_width=aw, page_table=table))
-    assert b.launch_args()["active_width"] == b.launch_args()["lengths"]
+    assert b.active_width.data_ptr() == b.cache_lengths.data_ptr()
     # the same tensor passed twice for two read-only operands
     shared = torch.zeros(ROWS, dtype=torch.int32)
     b = di.bind(plan, **operands(inputs, plan, cache_lengths=shared, active_width=shared[:1]))

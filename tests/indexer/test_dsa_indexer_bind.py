@@ -43,26 +43,15 @@ def test_valid_bind_aliases_every_tensor(inputs, plan):
     for name, t in ops.items():
         assert getattr(b, name) is t, name
     assert (b.rows, b.width, b.route) == (ROWS, WIDTH, "paged_decode")
-    a = b.launch_args()
-    assert a["q"] == ops["q_fp8"].data_ptr()
-    assert a["weights"] == ops["query_weights"].data_ptr()
-    assert a["kcache"] == ops["index_k_cache"].data_ptr()
-    assert a["page_table"] == ops["page_table"].data_ptr()
-    assert a["lengths"] == ops["cache_lengths"].data_ptr()
-    assert a["active_width"] == ops["active_width"].data_ptr()
-    assert a["out_indices"] == ops["output_indices"].data_ptr()
-    assert a["out_scores"] == ops["output_scores"].data_ptr()
-    assert a["scratch"] == ops["scratch"].data_ptr()
-    assert (a["rows"], a["heads"], a["width"], a["topk"]) == (ROWS, HEADS, WIDTH, TOPK)
-    assert (a["page_stride"], a["page_table_row_stride"]) == (8448, WIDTH)
+    # the launch values themselves are b12x-core's (rust/core/src/indexer/bind.rs tests)
     for r in plan.layout.regions:
-        assert b.region_address(r.name) == a["scratch"] + r.offset
+        assert b.region_address(r.name) == ops["scratch"].data_ptr() + r.offset
     assert repr(b).startswith("Binding(rows=3, width=4, scores=true")
 
 
 def test_scores_are_optional(inputs, plan):
     b = di.bind(plan, **operands(inputs, plan, output_scores=None))
-    assert b.output_scores is None and b.launch_args()["out_scores"] == 0
+    assert b.output_scores is None and "scores=false" in repr(b)
 
 
 @pytest.mark.parametrize("form", ["tensor", "list", "tuple", "dict", "larger", "2d"])
@@ -157,7 +146,7 @@ BAD = {
             "q_fp8": torch.empty((ROWS, HEADS, 128), dtype=torch.float8_e4m3fn, device="meta")
         },
         b12x.DeviceError,
-        r"^bind: q_fp8 expected device cpu, got dlpack-device-type--1$",
+        r"^bind: q_fp8 expected device cpu, got meta$",
     ),
     # query_weights
     "query_weights dtype": (
@@ -183,7 +172,7 @@ BAD = {
     "query_weights device": (
         lambda i: {"query_weights": torch.zeros((ROWS, HEADS), device="meta")},
         b12x.DeviceError,
-        r"^bind: query_weights expected device cpu, got dlpack-device-type--1$",
+        r"^bind: query_weights expected device cpu, got meta$",
     ),
     # index_k_cache
     "index_k_cache dtype": (
@@ -331,10 +320,10 @@ def test_each_bad_operand_is_rejected_precisely(inputs, plan, case):
         di.bind(plan, **operands(inputs, plan, **change(inputs)))
 
 
-def test_larger_page_stride_is_accepted_and_passed_on(inputs, plan):
+def test_larger_page_stride_is_accepted(inputs, plan):
     padded = torch.zeros((8, 8448 + 16 * 7), dtype=torch.uint8)[:, :8448]
     b = di.bind(plan, **operands(inputs, plan, index_k_cache=padded))
-    assert b.launch_args()["page_stride"] == 8448 + 112
+    assert b.index_k_cache is padded  # core passes the stride on (its bind tests)
 
 
 def test_weights_with_a_trailing_singleton_are_accepted(inputs, plan):
@@ -345,7 +334,7 @@ def test_weights_with_a_trailing_singleton_are_accepted(inputs, plan):
 def test_shared_table_only_in_prefill(inputs):
     prefill = di.plan(caps_for(inputs, TOPK, mode="prefill"))
     b = di.bind(prefill, **operands(inputs, prefill, page_table=shared_table(inputs)))
-    assert b.launch_args()["page_table_row_stride"] == 0 and b.route == "packed_contiguous"
+    assert b.route == "packed_contiguous"
     with pytest.raises(b12x.LayoutError, match=r"expected row-shared \(0, 1\) \(a prefill plan"):
         di.bind(prefill, **operands(inputs, prefill))
     # one query row is both shapes at once
@@ -353,7 +342,7 @@ def test_shared_table_only_in_prefill(inputs):
     out = torch.empty((1, TOPK), dtype=torch.int32)
     for p in (prefill, di.plan(caps_for(inputs, TOPK))):
         b = di.bind(p, **operands(one, p, output_indices=out, output_scores=None))
-        assert b.launch_args()["page_table_row_stride"] == 0
+        assert b.rows == 1
 
 
 SCRATCH_BAD = {

@@ -233,9 +233,9 @@ def test_cpu_page_ids_past_the_cache_are_unmapped_and_checked():
     di.run(b)
     with pytest.raises(ValueError, match=r"page_table\[1, 3\] .* got 2147483647"):
         di.check("cpu")
-    with pytest.raises(b12x.DeviceError, match="check: device expected 'cpu', 'cuda'"):
+    with pytest.raises(b12x.DeviceError, match=r"check: device expected a torch\.device, 'cpu'"):
         di.check("gpu:0")
-    with pytest.raises(b12x.DeviceError, match=r"check: device expected 'cpu', .* got 'meta'"):
+    with pytest.raises(b12x.DeviceError, match=r"check: device expected .* got 'meta'"):
         di.check("meta")
 
 

@@ -113,10 +113,26 @@ def test_rebuild_replaces_everything_at_once_and_a_bad_pair_changes_nothing():
     index.rebuild([(inv("new", shape=(5,)), "new")])
     assert index.lookup(torch.empty(3, dtype=torch.bfloat16)) is None
     assert index.lookup(torch.empty(5, dtype=torch.bfloat16)) == "new"
-    with pytest.raises(TypeError, match=r"pairs\[1\] expected an \(invocation, plan\) tuple"):
+    with pytest.raises(
+        b12x.ArgumentTypeError,
+        match=r"^DeclaredPlanIndex.rebuild: pairs\[1\] expected an \(invocation, plan\) tuple",
+    ):
         index.rebuild([(inv("x", shape=(7,)), "x"), "not a pair"])
+    with pytest.raises(b12x.ArgumentTypeError, match=r"pairs\[0\] .* tuple, got list"):
+        index.rebuild([[inv("x", shape=(7,)), "x"]])  # a pair given as a list
     assert index.lookup(torch.empty(5, dtype=torch.bfloat16)) == "new"
     assert [(i.name, p) for i, p in index.declared()] == [("new", "new")]
+
+
+@pytest.mark.parametrize("pairs", [5, 1.5, object()])
+def test_pairs_that_are_no_iterable_are_a_b12x_error_naming_them(pairs):
+    with pytest.raises(
+        b12x.ArgumentTypeError,
+        match=r"^DeclaredPlanIndex: pairs expected an iterable of \(invocation, plan\) tuples",
+    ):
+        DeclaredPlanIndex(pairs)
+    with pytest.raises(b12x.ArgumentTypeError, match=r"^DeclaredPlanIndex.rebuild: pairs"):
+        DeclaredPlanIndex().rebuild(pairs)
 
 
 def test_clear_empties_the_index():
@@ -227,10 +243,15 @@ W = torch.ones(4)
         ),
         (
             (torch.empty((2, 4), dtype=torch.bfloat16), FUSED, W, "tiny"),
-            TypeError,
-            "epsilon expected a real number, got 'tiny'",
+            b12x.ArgumentTypeError,
+            r"epsilon expected a real number \(not a bool\), got 'tiny'",
         ),
-        ((torch.empty(2), 5), TypeError, "operation expected 'all_reduce' or .* got 5"),
+        (
+            (torch.empty((2, 4), dtype=torch.bfloat16), FUSED, W, True),
+            b12x.ArgumentTypeError,
+            r"epsilon expected a real number \(not a bool\), got True",
+        ),
+        ((torch.empty(2), 5), b12x.ArgumentTypeError, "operation expected 'all_reduce' .* got 5"),
         ((torch.empty(2), "all_gather"), b12x.ConfigError, "got 'all_gather'"),
     ],
 )

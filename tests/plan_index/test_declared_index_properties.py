@@ -41,14 +41,16 @@ shapes = st.lists(st.integers(1, 3), min_size=1, max_size=3).map(tuple)
 
 @st.composite
 def declarations(draw):
+    fused = draw(st.booleans())
     shape = draw(shapes)
+    if fused:  # a norm weight has one value per row element: the weights are 3 long
+        shape = (*shape[:-1], 3)
     strides = draw(
         st.one_of(
             st.none(),
             st.lists(st.integers(1, 6), min_size=len(shape), max_size=len(shape)).map(tuple),
         )
     )
-    fused = draw(st.booleans())
     return {
         "operation": FUSED if fused else "all_reduce",
         "shape": shape,

@@ -144,6 +144,17 @@ def test_rule_6_norm_weight_is_a_tensor():
     assert isinstance(e.value, TypeError)
 
 
+@pytest.mark.parametrize(
+    "weight", [torch.ones(7), torch.ones(2, 8), torch.ones(8, 1), torch.ones(())]
+)
+def test_rule_6b_the_norm_weight_has_one_value_per_row_element(weight):
+    # caught when declared, not at the first call (issue 21, item 9)
+    rejects(
+        r"norm_weight of invocation .* expected shape \(8,\)", operation=FUSED, norm_weight=weight
+    )
+    assert fused(norm_weight=torch.ones(8)).norm_weight.shape == (8,)
+
+
 def test_rule_5_comes_before_rule_6():
     rejects("input_alignment", operation=FUSED, norm_weight=None, input_alignment=8)
 

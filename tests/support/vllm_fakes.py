@@ -2,11 +2,12 @@
 
 * vLLM's side: a forward context, indexer metadata, a workspace manager that
   counts ``get_simultaneous`` calls, a cache holder.
-* b12x's side: a counting wrapper around the indexer module, and doubles of
-  the all-reduce runtime that record every call (the real runtime needs
-  GPUs): :class:`FakeRuntime` (no process group) and :class:`GlooRuntime`
-  (sums over a gloo group, for real vLLM ranks on CPU). Both declare and
-  admit through b12x's own routing and index (:class:`HostRuntime`).
+* b12x's side: a counting wrapper around the indexer module, and the
+  all-reduce runtime over its host stand-in (the real runtime needs GPUs):
+  :class:`FakeRuntime`, b12x's own ``AllReduce`` (declaring, admission,
+  bind, health read) whose device side is Python and records every call,
+  summing by world size or over a gloo group (:func:`gloo_runtime`, for
+  real vLLM ranks on CPU).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from b12x.comm.pcie import PLAIN, DeclaredPlans, Limits
+from b12x.comm.pcie import AllReduce, Limits
+from b12x.comm.pcie.allreduce import decline
 
 # --- vLLM side ----------------------------------------------------------------------------
 
@@ -160,119 +162,74 @@ def module_copy(module: Any, **overrides: Any) -> Any:
 # --- the all-reduce side ------------------------------------------------------------------
 
 
-def _dense(t: torch.Tensor) -> bool:
-    """Covers its elements exactly once in some dimension order (size-1 dims aside)."""
-    step = 1
-    for stride, size in sorted((s, d) for d, s in zip(t.shape, t.stride(), strict=True) if d != 1):
-        if stride != step:
-            return False
-        step *= size
-    return True
+def _rms_norm_sum(summed: torch.Tensor, residual: torch.Tensor, weight, eps):
+    """``(normed, residual + summed)`` in fp32 math, as the fused kernel computes them."""
+    r = summed.float() + residual.float()
+    return r * torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float(), r
 
 
-def _host_operand(plan: Any, device: torch.device, t: Any) -> bool:
-    """Whether ``t`` is an operand the launch of ``plan`` accepts on ``device``:
-    b12x-core's ``bind`` rule (dtype, device, 16-byte address, element count,
-    dense for the one-shot, row-major otherwise) for a host tensor."""
-    if not isinstance(t, torch.Tensor) or str(t.dtype).removeprefix("torch.") != plan.dtype:
-        return False
-    numel = 1
-    for d in plan.shape:
-        numel *= d
-    layout = _dense(t) if plan.route == "oneshot" else t.is_contiguous()
-    return t.device == device and t.data_ptr() % 16 == 0 and t.numel() == numel and layout
+class FakeRuntime(AllReduce):
+    """The real ``b12x.comm.pcie.AllReduce`` over its host stand-in (declaring,
+    admission, bind and health read are b12x's own; no process group, no GPU),
+    whose device side sums by world size in Python and records every call.
 
-
-class HostRuntime(DeclaredPlans):
-    """What the doubles of ``b12x.comm.pcie.AllReduce`` share: b12x's own
-    declaring (routing, real ``AllReducePlan`` objects, equal declarations
-    sharing one, the Rust ``DeclaredPlanIndex``), and the runtime's
-    ``admit`` on a host ``device``.
-
-    The real ``admit`` is one Rust call: the exact-key lookup in that index,
-    then the checks a launch makes that the key cannot (b12x-core's
-    ``admit_plain`` / ``admit_fused``), on a CUDA device. Here the lookup is
-    the same index's; the launch checks are the same rules read from the plan,
-    for host tensors (:func:`_host_operand`). The slot always fits: plans come
-    from this runtime's own limits and world, as in the real one.
+    Names in ``refuse`` are declined as a runtime declines what it cannot
+    route. ``admissions`` counts admit calls (a wrapper around the native
+    admission, for the tests that count them).
     """
 
-    def __init__(self, world_size: int, limits: Any, device: Any = "cpu") -> None:
-        super().__init__(world_size, limits, multiprocessors=132)
-        self.device = torch.device(device)
-        self.enabled = True
-        self.disabled_reason: str | None = None
-        self.admissions = 0  # admit() calls
-        self.closed = 0
-
-    def admit(self, inp, operation=PLAIN, weight=None, epsilon=None, residual=None, out=None):
-        self.admissions += 1
-        if not self.enabled:
-            return None
-        try:
-            plan = self.index.lookup(inp, operation, weight, epsilon)
-        except Exception:  # admit never raises: input with no key declines
-            return None
-        if plan is None or plan.world != self.world_size:
-            return None
-        if plan.operation == PLAIN:
-            return plan if _host_operand(plan, self.device, inp) else None
-        out = inp if out is None else out
-        operands = (inp, residual, out)  # residual_out = residual
-        if not all(_host_operand(plan, self.device, t) for t in operands):
-            return None
-        weight_ok = (
-            weight.dtype == inp.dtype
-            and weight.device == self.device
-            and tuple(weight.shape) == (plan.shape[-1],)
-            and weight.is_contiguous()
-            and weight.data_ptr() % 16 == 0
+    @classmethod
+    def make(cls, world_size=2, refuse=(), limits=None, device="cpu", *, sum_group=None):
+        self = cls.host_stand_in(
+            world_size,
+            limits=Limits() if limits is None else limits,
+            device=device,
+            on_launch=lambda call: self._device_side(call),
         )
-        # epsilon is part of the key, so it is the declared one (>= 0)
-        return plan if weight_ok and out.data_ptr() != residual.data_ptr() else None
-
-    def close(self) -> None:
-        self.closed += 1
-        self.enabled = False
-        self.clear()
-
-
-class FakeRuntime(HostRuntime):
-    """The ``b12x.comm.pcie.AllReduce`` double: records calls, sums by world size.
-
-    Declarations are b12x's own (:class:`HostRuntime`), except that names in
-    ``refuse`` are declined as a runtime declines what it cannot route.
-    """
-
-    def __init__(self, world_size: int = 2, refuse=(), limits=None, device="cpu") -> None:
-        super().__init__(world_size, Limits() if limits is None else limits, device)
         self.refuse = set(refuse)
+        self.sum_group = sum_group
         self.declared: list[list[Any]] = []  # the invocations of each declare() call
-        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+        self.calls: list[tuple[str, Any]] = []
         self.in_capture = False
         self.captures = 0
-        self.plans_passed: list[Any] = []  # the plan= each run call got
+        self.closed = 0
+        self.admissions = 0
+        native = self.admit
+
+        def admit(*args, **kwargs):
+            self.admissions += 1
+            return native(*args, **kwargs)
+
+        self.admit = admit
+        return self
+
+    def _sum(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sum_group is None:
+            return x * self.world_size
+        import torch.distributed as dist
+
+        total = x.clone()
+        dist.all_reduce(total, group=self.sum_group)
+        return total
+
+    def _device_side(self, call) -> None:
+        """What the kernel would do for ``call``."""
+        fused = call.fused_operands
+        if fused is None:
+            self.calls.append(("all_reduce", call.inp))
+            call.out.copy_(self._sum(call.inp))
+            return
+        residual, weight, residual_out = fused
+        self.calls.append(("fused", (call.inp, residual, weight, call.out, residual_out)))
+        eps = call.epsilon
+        normed, summed = _rms_norm_sum(self._sum(call.inp), residual, weight, eps)
+        residual_out.copy_(summed)
+        call.out.copy_(normed)
 
     def declare(self, invocations):
         invocations = list(invocations)
         self.declared.append(invocations)
         return super().declare(inv for inv in invocations if inv.name not in self.refuse)
-
-    def all_reduce(self, inp, out=None, *, plan=None):
-        self.calls.append(("all_reduce", (inp, out)))
-        self.plans_passed.append(plan)
-        result = inp * self.world_size
-        if out is None:
-            return result
-        out.copy_(result)
-        return out
-
-    def fused_add_rms_norm(
-        self, inp, residual, weight, eps, out=None, residual_out=None, *, plan=None
-    ):
-        self.calls.append(("fused", (inp, residual, weight, eps, out, residual_out)))
-        self.plans_passed.append(plan)
-        return inp, residual
 
     @contextlib.contextmanager
     def capture(self):
@@ -283,62 +240,24 @@ class FakeRuntime(HostRuntime):
         finally:
             self.in_capture = False
 
+    def close(self) -> None:
+        self.closed += 1
+        super().close()
 
-class GlooRuntime(HostRuntime):
-    """The IPC runtime's stand-in for vLLM ranks on CPU (the real one needs GPUs).
 
-    Declarations and admission as :class:`HostRuntime`; only the execution
-    is replaced: sums over the gloo ``group`` instead of IPC kernels, the
-    fused op in fp32 as the kernel does. Records every call.
+def gloo_runtime(group, limits=None, *, enabled=True, disabled_reason=None) -> FakeRuntime:
+    """The IPC runtime's stand-in for vLLM ranks on CPU (the real one needs
+    GPUs): :class:`FakeRuntime` whose device side sums over the gloo ``group``.
     ``enabled=False`` with ``disabled_reason`` plays a runtime that disabled
-    itself during set-up (an unsupported GPU, a failed peer mapping).
-    """
+    itself during set-up (an unsupported GPU, a failed peer mapping)."""
+    import torch.distributed as dist
 
-    def __init__(self, group, limits=None, *, enabled=True, disabled_reason=None) -> None:
-        import torch.distributed as dist
-
-        super().__init__(
-            dist.get_world_size(group), Limits.from_env() if limits is None else limits
-        )
-        self.group = group
-        self.enabled = enabled
-        self.disabled_reason = disabled_reason
-        self.declared_counts: list[int] = []
-        self.calls: list[tuple[str, tuple[int, ...]]] = []
-        self.captures = 0
-
-    def declare(self, invocations):
-        invocations = list(invocations)
-        self.declared_counts.append(len(invocations))
-        return super().declare(invocations)
-
-    def _sum(self, inp):
-        import torch.distributed as dist
-
-        total = inp.clone()
-        dist.all_reduce(total, group=self.group)
-        return total
-
-    def all_reduce(self, inp, out=None, *, plan=None):
-        self.calls.append(("all_reduce", tuple(inp.shape)))
-        total = self._sum(inp)
-        if out is None:
-            return total
-        return out.copy_(total)
-
-    def fused_add_rms_norm(
-        self, inp, residual, weight, eps, out=None, residual_out=None, *, plan=None
-    ):
-        self.calls.append(("fused", tuple(inp.shape)))
-        out = inp if out is None else out
-        residual_out = residual if residual_out is None else residual_out
-        r = self._sum(inp).float() + residual.float()
-        normed = r * torch.rsqrt(r.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-        residual_out.copy_(r)
-        out.copy_(normed)
-        return out, residual_out
-
-    @contextlib.contextmanager
-    def capture(self):
-        self.captures += 1
-        yield
+    runtime = FakeRuntime.make(
+        dist.get_world_size(group),
+        limits=Limits.from_env() if limits is None else limits,
+        sum_group=group,
+    )
+    if not enabled:  # as a failed set-up leaves it (that set-up logs; this one is silent)
+        runtime.enabled, runtime.disabled_reason = False, disabled_reason
+        runtime.admit = decline
+    return runtime

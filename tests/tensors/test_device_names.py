@@ -1,5 +1,6 @@
-"""One grammar of device strings (b12x-core's DeviceName) behind every Python
-entry point that reads one: the CLI's --device and AllReduce(device=...)."""
+"""One grammar of devices (b12x-core's DeviceName for strings) behind every
+Python entry point that reads one: the CLI's --device, AllReduce(device=...),
+Caps(device=...), dsa_indexer.is_supported / check, b12x.cuda."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import pytest
 import torch
 from b12x import DeviceError, _cli_args, _core
-from b12x.comm.pcie.allreduce import cuda_device
+from b12x.comm.pcie.handshake import cuda_device
 
 NAMES = ["cpu", "cuda", "cuda:0", "cuda:7", "cuda:007", "cuda:127"]
 NOT_NAMES = ["cuda:128", "cuda:300", "cuda:-1", "cuda:1.5", "cuda:", "gpu0", "", " cuda", "CPU"]
@@ -38,8 +39,33 @@ def test_allreduce_reads_the_same_cuda_names(text):
     assert cuda_device(text) == torch.device("cuda", int(text.split(":")[1]))
 
 
-# AllReduce trims surrounding whitespace first (" cuda" is torch's current device there)
-@pytest.mark.parametrize("text", ["cpu", *(t for t in NOT_NAMES if t == t.strip())])
+@pytest.mark.parametrize("text", ["cpu", *NOT_NAMES])
 def test_allreduce_refuses_what_is_no_cuda_name(text):
     with pytest.raises(DeviceError):
         cuda_device(text)
+
+
+@pytest.mark.parametrize("entry", ["caps", "allreduce", "check", "resolve"])
+@pytest.mark.parametrize("text", [" cuda", "cuda:x", "gpu0", "CPU"])
+def test_every_entry_point_refuses_the_same_strings_with_the_same_words(entry, text):
+    from b12x.attention import dsa_indexer as di
+
+    calls = {
+        "caps": lambda: di.Caps(
+            device=text, num_q_heads=8, max_q_rows=1, max_page_table_width=1, topk=512
+        ),
+        "allreduce": lambda: cuda_device(text),
+        "check": lambda: di.check(text),
+        "resolve": lambda: _core.resolve_device(text, "resolve"),
+    }
+    with pytest.raises(DeviceError, match=r"device expected a torch\.device, 'cpu', 'cuda' \(the"):
+        calls[entry]()
+
+
+def test_none_is_the_current_cuda_device_everywhere():
+    from b12x import cuda
+
+    current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    assert _core.resolve_device(None, "x") == ("cuda", current)
+    assert _core.resolve_device("cuda", "x") == ("cuda", current)
+    assert cuda.device_index(None) == current == cuda_device(None).index

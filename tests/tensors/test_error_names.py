@@ -30,3 +30,16 @@ def test_the_extension_imports_only_listed_classes():
     imported = re.findall(r"import_exception!\(b12x\.errors, (\w+)\)", ERROR_RS.read_text())
     assert imported, f"no import_exception! found in {ERROR_RS}"
     assert set(imported) <= set(errors.__all__)
+
+
+def test_errors_are_mapped_to_classes_in_one_place():
+    """Only error.rs picks exception classes; the other binding files return
+    b12x-core errors (KeyError stays for the mapping protocol of layouts)."""
+    src = ERROR_RS.parent
+    for path in src.rglob("*.rs"):
+        if path == ERROR_RS:
+            continue
+        text = path.read_text()
+        assert "import_exception!" not in text, path
+        for found in re.findall(r"(\w+)::new_err", text):
+            assert found in {"PyKeyError", "PyImportError"}, (path, found)

@@ -63,7 +63,7 @@ def test_shim_matches_torch_getters_on_cuda():
 
 def test_meta_tensors_and_subclasses_still_work():
     m = torch.empty((2, 3), device="meta")
-    assert _core.tensor_meta(m).device == "dlpack-device-type--1"
+    assert _core.tensor_meta(m).device == "meta"  # named (issue 21, item 9)
 
     class Sub(torch.Tensor):
         pass

@@ -2,10 +2,10 @@
 
 Items 1-6 go through the ``DeclaredPlanIndex`` of the adapter's declared plans
 (without a runtime: a ``b12x.comm.pcie.DeclaredPlans``). Item 7: dispatch,
-admission, capture and describers against a recording runtime double that
-declares and admits through b12x's own routing and index (the real runtime
-needs GPUs); routing and limits through the runtime's own rules and
-``Limits`` (its own tests cover the routing table and the byte parser).
+admission, capture and describers against b12x's own runtime over its host
+stand-in, whose device side records every call (the real one needs GPUs);
+routing and limits through the runtime's own rules and ``Limits`` (its own
+tests cover the routing table and the byte parser).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import b12x
 import pytest
 import torch
 from b12x.comm import pcie as pcie_module
-from b12x.comm.pcie import allreduce as runtime_module
+from b12x.comm.pcie import Limits
 from b12x.integration.vllm import PcieAllReduce, add_rms_norm_
 from b12x.integration.vllm import allreduce as allreduce_mod
 from b12x.integration.vllm.allreduce import FUSED, PLAIN
@@ -52,8 +52,8 @@ def pairs_of(*invocations):
 
 def indexed(*invocations):
     """An adapter whose declared plans hold ``invocations``, each with its own plan object."""
-    comm = PcieAllReduce(device=CPU, limits=object())  # no runtime: the declared plans alone
-    comm._index.rebuild(pairs_of(*invocations))
+    comm = PcieAllReduce(device=CPU, limits=Limits())  # no runtime: the declared plans alone
+    comm.plans.index.rebuild(pairs_of(*invocations))
     return comm
 
 
@@ -69,12 +69,12 @@ def test_item1_fused_keys_use_weight_identity_and_epsilon(pcie):
         inv(pcie, "epsilon", (2, 4), weight=weight_a, epsilon=1e-5),
     )
     x = torch.empty((2, 4), dtype=torch.bfloat16)
-    assert comm._plan_for(x, FUSED, weight_a, 1e-6) == "plan:a"
-    assert comm._plan_for(x, FUSED, weight_b, 1e-6) == "plan:b"
-    assert comm._plan_for(x, FUSED, weight_a, 1e-5) == "plan:epsilon"
-    assert not comm._has_plan_for(x)
-    assert not comm._has_plan_for(x, FUSED, weight_a.clone(), 1e-6)
-    assert not comm._has_plan_for(x, FUSED, weight_a, 1e-4)
+    assert comm.plans.plan_for(x, FUSED, weight_a, 1e-6) == "plan:a"
+    assert comm.plans.plan_for(x, FUSED, weight_b, 1e-6) == "plan:b"
+    assert comm.plans.plan_for(x, FUSED, weight_a, 1e-5) == "plan:epsilon"
+    assert not comm.plans.has_plan_for(x)
+    assert not comm.plans.has_plan_for(x, FUSED, weight_a.clone(), 1e-6)
+    assert not comm.plans.has_plan_for(x, FUSED, weight_a, 1e-4)
 
 
 def test_item2_shape_dtype_strides_and_first_match(pcie):
@@ -84,31 +84,31 @@ def test_item2_shape_dtype_strides_and_first_match(pcie):
         inv(pcie, "strided", (2, 4), strides=(8, 1)),
     )
     x = torch.empty((2, 4), dtype=torch.bfloat16)
-    assert comm._plan_for(x) == "plan:first"  # first equal key wins
-    assert comm._plan_for(torch.empty((2, 8), dtype=torch.bfloat16)[:, :4]) == "plan:strided"
-    assert not comm._has_plan_for(x.float())
-    assert not comm._has_plan_for(x.reshape(8))
+    assert comm.plans.plan_for(x) == "plan:first"  # first equal key wins
+    assert comm.plans.plan_for(torch.empty((2, 8), dtype=torch.bfloat16)[:, :4]) == "plan:strided"
+    assert not comm.plans.has_plan_for(x.float())
+    assert not comm.plans.has_plan_for(x.reshape(8))
 
 
 def test_item3_the_index_is_a_snapshot_until_rebuilt(pcie):
     declared = pairs_of(inv(pcie, "first", (2, 4)))
     comm = indexed()
-    comm._index.rebuild(declared)
+    comm.plans.index.rebuild(declared)
     x = torch.empty((2, 4), dtype=torch.bfloat16)
     declared.clear()
-    assert comm._plan_for(x) == "plan:first"
-    comm._index.rebuild(declared)
-    assert not comm._has_plan_for(x)
+    assert comm.plans.plan_for(x) == "plan:first"
+    comm.plans.index.rebuild(declared)
+    assert not comm.plans.has_plan_for(x)
 
 
 def test_item4_undeclared_shapes_are_rejected_and_never_cached(pcie):
     comm = indexed()
     for rows in range(1, 65):
         x = torch.empty((rows, 4), dtype=torch.bfloat16)
-        assert not comm._has_plan_for(x)
+        assert not comm.plans.has_plan_for(x)
         with pytest.raises(b12x.UndeclaredPlanError, match="no declared plan"):
-            comm._plan_for(x)
-    assert len(comm._index) == 0
+            comm.plans.plan_for(x)
+    assert len(comm.plans) == 0
 
 
 @pytest.mark.parametrize("declared", [None, (8, 1)])
@@ -121,27 +121,31 @@ def test_item5_size_one_dims_ignore_their_stride(pcie, declared):
     def live(shape, strides):
         return storage.as_strided(shape, strides)
 
-    assert comm._plan_for(live((1, 8), (10, 1))) == "plan:one"
-    assert comm._plan_for(live((2, 8), (8, 1))) == "plan:two"
-    assert not comm._has_plan_for(live((2, 8), (10, 1)))
-    assert not comm._has_plan_for(live((1, 8), (8, 2)))
+    assert comm.plans.plan_for(live((1, 8), (10, 1))) == "plan:one"
+    assert comm.plans.plan_for(live((2, 8), (8, 1))) == "plan:two"
+    assert not comm.plans.has_plan_for(live((2, 8), (10, 1)))
+    assert not comm.plans.has_plan_for(live((1, 8), (8, 2)))
 
 
 def test_item6_plan_for_on_an_empty_communicator_raises(pcie):
-    comm = PcieAllReduce(device=CPU, limits=object())
+    comm = PcieAllReduce(device=CPU, limits=Limits())
     x = torch.empty((2, 4), dtype=torch.bfloat16)
     with pytest.raises(b12x.UndeclaredPlanError, match="no declared plan for"):
-        comm._plan_for(x)
-    assert not comm.has_plan_for(x)
+        comm.plans.plan_for(x)
+    assert not comm.plans.has_plan_for(x)
     assert isinstance(b12x.UndeclaredPlanError("x"), RuntimeError)
 
 
 # --- item 7: dispatch and admission with a recording runtime ------------------------------
 
 
-def comm_with(world_size=2, refuse=()):
-    runtime = FakeRuntime(world_size=world_size, refuse=refuse)
+def comm_with(world_size=2, refuse=(), device="cpu"):
+    runtime = FakeRuntime.make(world_size=world_size, refuse=refuse, device=device)
     return PcieAllReduce(device=CPU, runtime=runtime), runtime
+
+
+def plans_by_name(comm):
+    return {inv.name: plan for inv, plan in comm.plans.declared_plans}
 
 
 def test_eager_dispatch_runs_the_declared_call(pcie):
@@ -152,12 +156,13 @@ def test_eager_dispatch_runs_the_declared_call(pcie):
     assert comm.should_custom_ar(x)
     out = comm.custom_all_reduce(x)
 
-    assert runtime.calls == [("all_reduce", (x, None))]
+    assert len(runtime.calls) == 1 and runtime.calls[0] == ("all_reduce", x)
     assert torch.equal(out, x * 2)
-    assert comm._routes == {"o_proj.m2": "oneshot"}
-    assert comm._plans["o_proj.m2"] is runtime.declared_plans[0][1]
-    # the plan admission found goes to the runtime, which need not look it up again
-    assert runtime.plans_passed == [comm._plans["o_proj.m2"]]
+    assert comm.plans.routes() == {"o_proj.m2": "oneshot"}
+    assert plans_by_name(comm)["o_proj.m2"] is runtime.plans.declared_plans[0][1]
+    # the admitted call carries the declared plan: the run never looks it up again
+    assert comm.admit(x).plan is plans_by_name(comm)["o_proj.m2"]
+    assert runtime.runtime_launches() == 1
 
 
 def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
@@ -172,12 +177,14 @@ def test_fused_runs_in_place_and_only_for_its_declaration(pcie):
     x = torch.ones((2, 4), dtype=torch.float32)
     residual = torch.zeros_like(x)
 
-    assert comm._routes == {"fused": "oneshot_fused"}
+    assert comm.plans.routes() == {"fused": "oneshot_fused"}
     assert not comm.should_custom_ar(x)
     assert comm.custom_all_reduce(x) is None
     assert comm.try_fused_add_rms_norm(x, residual, weight, 1e-6)
-    assert runtime.calls == [("fused", (x, residual, weight, 1e-6, None, None))]  # in place
-    assert runtime.plans_passed == [comm._plans["fused"]]
+    ((kind, operands),) = runtime.calls
+    assert kind == "fused" and all(
+        got is want for got, want in zip(operands, (x, residual, weight, x, residual), strict=True)
+    )  # in place: out is x, residual_out is residual
     assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-5)  # undeclared epsilon
     assert not comm.try_fused_add_rms_norm(x, residual, weight.clone(), 1e-6)  # another weight
     assert not comm.try_fused_add_rms_norm(x, x, weight, 1e-6)  # residual aliases the input
@@ -202,12 +209,13 @@ def test_live_address_and_device_are_admitted_separately(pcie):
     aligned = storage[:16].view(2, 8)
     misaligned = storage[1:17].view(2, 8)  # same key, address 2 bytes off
     assert comm.should_custom_ar(aligned)
-    assert comm.has_plan_for(misaligned)
+    assert comm.plans.has_plan_for(misaligned)
     assert not comm.should_custom_ar(misaligned)
     assert comm.custom_all_reduce(misaligned) is None
-    runtime.device = torch.device("cuda", 0)  # the runtime admits on its device
-    assert not comm.should_custom_ar(aligned)
-    assert runtime.calls == []
+    on_gpu, gpu_runtime = comm_with(device="cuda:0")  # a runtime admits on its own device
+    on_gpu.declare([inv(pcie, "m", (2, 8))])
+    assert on_gpu.plans.has_plan_for(aligned) and not on_gpu.should_custom_ar(aligned)
+    assert runtime.calls == [] and gpu_runtime.calls == []
 
 
 def test_equal_declarations_share_one_plan(pcie):
@@ -218,10 +226,11 @@ def test_equal_declarations_share_one_plan(pcie):
         declared.append(inv(pcie, f"layers.{layer}.m1", (1, 6144)))
         declared.append(inv(pcie, f"layers.{layer}.fused", (4, 6144), weight=weight, epsilon=1e-6))
     comm.declare(declared)
-    plain = {id(comm._plans[f"layers.{i}.m1"]) for i in range(40)}
-    fused = {id(comm._plans[f"layers.{i}.fused"]) for i in range(40)}
+    plans = plans_by_name(comm)
+    plain = {id(plans[f"layers.{i}.m1"]) for i in range(40)}
+    fused = {id(plans[f"layers.{i}.fused"]) for i in range(40)}
     assert len(plain) == len(fused) == 1 and plain != fused
-    assert len(comm._index) == 2
+    assert len(comm.plans) == 2
 
 
 def test_all_reduce_raises_on_undeclared(pcie):
@@ -233,7 +242,7 @@ def test_all_reduce_raises_on_undeclared(pcie):
     out = torch.empty_like(x)
     assert comm.all_reduce(x, out=out) is out
     assert torch.equal(out, torch.full((2, 4), 2.0, dtype=torch.bfloat16))
-    assert runtime.calls == [("all_reduce", (x, out))]
+    assert len(runtime.calls) == 1 and runtime.calls[0][1] is x
 
 
 def test_enabled_but_nothing_declared_declines(pcie):
@@ -249,12 +258,12 @@ def test_capture_enters_the_runtime_and_restores_state(pcie):
     comm, runtime = comm_with()
     comm.declare([inv(pcie, "m", (2, 4))])
     with comm.capture():
-        assert runtime.in_capture and comm._capturing
+        assert runtime.in_capture
         comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16))
-    assert runtime.captures == 1 and not runtime.in_capture and not comm._capturing
+    assert runtime.captures == 1 and not runtime.in_capture
     with pytest.raises(RuntimeError, match="body failed"), comm.capture():
         raise RuntimeError("body failed")
-    assert not runtime.in_capture and not comm._capturing
+    assert not runtime.in_capture
     assert len(runtime.calls) == 1
 
 
@@ -262,11 +271,11 @@ def test_capture_with_nothing_declared_is_a_no_op(pcie, caplog):
     # vLLM enters capture() for every TP group at every graph capture, declared or not
     comm, runtime = comm_with()
     with caplog.at_level(logging.INFO, logger=allreduce_mod.logger.name), comm.capture():
-        assert not comm._capturing
+        assert not runtime.in_capture
         assert comm.custom_all_reduce(torch.ones((2, 4), dtype=torch.bfloat16)) is None
     assert runtime.captures == 0 and runtime.calls == []
     assert "nothing declared at graph capture" in caplog.text
-    disabled = PcieAllReduce(device=CPU, limits=object())
+    disabled = PcieAllReduce(device=CPU, limits=Limits())
     with disabled.capture(stream=None):  # no runtime: a no-op too
         pass
 
@@ -332,24 +341,24 @@ def test_runtime_build_failure_disables_with_a_log(pcie, monkeypatch, caplog):
     def build(group, device, limits):
         raise RuntimeError("peer access unavailable")
 
-    monkeypatch.setattr(allreduce_mod, "_build_runtime", build)
+    monkeypatch.setattr(allreduce_mod, "AllReduce", build)
 
     class Group:
         def size(self):
             return 2
 
     with caplog.at_level(logging.WARNING, logger=allreduce_mod.logger.name):
-        comm = PcieAllReduce(Group(), CPU, limits=object())
+        comm = PcieAllReduce(Group(), CPU, limits=Limits())
     assert comm.disabled
     assert "peer access unavailable" in caplog.text
     assert not comm.should_custom_ar(torch.ones((2, 4), dtype=torch.bfloat16))
 
 
 def test_a_runtime_that_disabled_itself_disables_the_adapter(pcie, caplog):
-    runtime = FakeRuntime()
+    runtime = FakeRuntime.make()
     runtime.enabled, runtime.disabled_reason = False, "setup step 'open peers' failed on rank 1"
     with caplog.at_level(logging.WARNING, logger=allreduce_mod.logger.name):
-        comm = PcieAllReduce(device=CPU, runtime=runtime, limits=object())
+        comm = PcieAllReduce(device=CPU, runtime=runtime)
     assert comm.disabled and "failed on rank 1" in caplog.text
     assert not comm.try_fused_add_rms_norm(torch.ones(2, 4), torch.zeros(2, 4), torch.ones(4), 1e-6)
 
@@ -358,7 +367,7 @@ def test_a_runtime_that_disabled_itself_disables_the_adapter(pcie, caplog):
 
 
 def test_without_a_runtime_declarations_route_with_the_runtime_rules(pcie):
-    limits = runtime_module.Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
+    limits = Limits(oneshot_max=16, fused_max=64, twoshot_max=0)
     comm = PcieAllReduce(device=CPU, world_size=2, limits=limits)
     weight = torch.ones(4, dtype=torch.float32)
     comm.declare(
@@ -368,18 +377,18 @@ def test_without_a_runtime_declarations_route_with_the_runtime_rules(pcie):
             inv(pcie, "small", (1, 4), dtype=torch.float32),  # 16 B: one-shot
         ]
     )
-    assert comm._routes == {"fused": "oneshot_fused", "small": "oneshot"}
+    assert comm.plans.routes() == {"fused": "oneshot_fused", "small": "oneshot"}
     x = torch.ones((2, 4), dtype=torch.float32)
-    assert comm.has_plan_for(x, FUSED, weight, 1e-6) and not comm.has_plan_for(x)
+    assert comm.plans.has_plan_for(x, FUSED, weight, 1e-6) and not comm.plans.has_plan_for(x)
     assert comm.disabled and not comm.should_custom_ar(torch.ones((1, 4)))  # nothing runs
 
 
 @pytest.mark.parametrize(("rows", "route"), [(12, None), (16, "twoshot")])
 def test_twoshot_rows_must_split_over_the_world(pcie, rows, route):
-    limits = runtime_module.Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
+    limits = Limits(oneshot_max=16 << 10, fused_max=0, twoshot_max=768 << 10)
     comm = PcieAllReduce(device=CPU, world_size=4, limits=limits)
     comm.declare([inv(pcie, "m", (rows, 5120))])
-    assert comm._routes.get("m") == route
+    assert comm.plans.routes().get("m") == route
 
 
 def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatch):
@@ -387,9 +396,9 @@ def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatc
 
     def build(group, device, limits):
         built.append(limits)
-        return FakeRuntime(world_size=group.size())
+        return FakeRuntime.make(world_size=group.size(), limits=limits)
 
-    monkeypatch.setattr(allreduce_mod, "_build_runtime", build)
+    monkeypatch.setattr(allreduce_mod, "AllReduce", build)
 
     class Group:
         def size(self):
@@ -401,7 +410,7 @@ def test_limits_come_from_the_environment_and_reach_the_runtime(pcie, monkeypatc
     }
     comm = PcieAllReduce(Group(), CPU, env=env)
     assert not comm.disabled and comm.world_size == 4
-    assert built == [runtime_module.Limits.from_env(env)]
+    assert built == [Limits.from_env(env)]
     assert built[0].oneshot_max == 16 << 10 and built[0].twoshot_max == 0
     with pytest.raises(ValueError, match="suffix"):
         PcieAllReduce(device=CPU, env={"VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE": "84 KX"})
@@ -477,8 +486,8 @@ def test_close_forgets_everything_and_is_idempotent(pcie):
     comm.close()
     comm.close()
     assert runtime.closed == 1
-    assert comm.disabled and not comm.should_custom_ar(x) and not comm.has_plan_for(x)
-    assert comm._plans == {} and comm._invocations == {} and len(comm._index) == 0
+    assert comm.disabled and not comm.should_custom_ar(x) and not comm.plans.has_plan_for(x)
+    assert comm.plans.declared_plans == [] and len(comm.plans) == 0
 
 
 # --- one path: the runtime's declared plans and its one admission ---------------------------
@@ -493,15 +502,14 @@ def declared_sets(obj):
 def test_the_adapter_keeps_no_index_of_its_own(pcie):
     comm, runtime = comm_with()
     comm.declare([inv(pcie, "m", (2, 4)), inv(pcie, "m.again", (2, 4))])
-    assert comm._index is runtime.index and len(runtime.index) == 1
-    assert comm.declared_plans == runtime.declared_plans
-    assert all(held is runtime for held in declared_sets(comm))  # the runtime itself
+    assert comm.plans is runtime.plans and len(runtime.plans) == 1
+    assert declared_sets(comm) == [runtime.plans]  # the runtime's own, held
     # without a runtime: one routing-only set, b12x's own, under the same limits
     offline = PcieAllReduce(device=CPU, world_size=2, limits=runtime.limits)
     (held,) = declared_sets(offline)
     assert type(held) is pcie.DeclaredPlans
     offline.declare([inv(pcie, "m", (2, 4))])
-    assert offline._routes == {"m": "oneshot"} and offline._index is held.index
+    assert offline.plans.routes() == {"m": "oneshot"} and offline.plans is held
 
 
 def test_admission_is_one_runtime_call_and_the_run_gets_its_plan(pcie):
@@ -515,30 +523,40 @@ def test_admission_is_one_runtime_call_and_the_run_gets_its_plan(pcie):
     )
     x = torch.ones((2, 4), dtype=torch.bfloat16)
     assert comm.should_custom_ar(x) and runtime.admissions == 1
-    plan = comm.admit(x)
-    assert plan is comm._plans["m"] and runtime.admissions == 2
-    assert comm.custom_all_reduce(x, plan=plan) is not None and runtime.admissions == 2
+    call = comm.admit(x)
+    assert call.plan is plans_by_name(comm)["m"] and runtime.admissions == 2
+    # custom_all_reduce runs what should_custom_ar admitted for the same tensor
+    assert comm.custom_all_reduce(x) is not None and runtime.admissions == 2
     assert comm.custom_all_reduce(x) is not None and runtime.admissions == 3
     y, residual = torch.ones((2, 4)), torch.zeros((2, 4))
     assert comm.try_fused_add_rms_norm(y, residual, weight, 1e-6) and runtime.admissions == 4
     assert not comm.try_fused_add_rms_norm(y, y, weight, 1e-6) and runtime.admissions == 5
-    assert runtime.plans_passed == [plan, plan, comm._plans["f"]]
+    assert runtime.runtime_launches() == 3 and [c[0] for c in runtime.calls] == [
+        "all_reduce",
+        "all_reduce",
+        "fused",
+    ]
 
 
 def test_the_admission_alone_decides(pcie):
     # no Python check stands between the runtime's admission and the run
     comm, runtime = comm_with()
-    weight = torch.ones(4, dtype=torch.float32)
-    comm.declare([inv(pcie, "f", (2, 4), dtype=torch.float32, weight=weight, epsilon=1e-6)])
-    plan = comm._plans["f"]
-    runtime.admit = lambda *args: plan  # a runtime that admits anything
+    runs = []
+
+    class Call:
+        def run(self):
+            runs.append(self)
+            return torch.zeros(1)
+
+    comm.admit = lambda *args: Call()  # an admission that takes anything
     x = torch.ones((2, 4))
-    assert comm.try_fused_add_rms_norm(x, x, weight.half(), 1e-6, out=x.t())
-    assert comm.should_custom_ar(torch.ones(3))
-    runtime.admit = lambda *args: None  # and one that admits nothing
-    assert not comm.try_fused_add_rms_norm(x, torch.zeros_like(x), weight, 1e-6)
+    assert comm.try_fused_add_rms_norm(x, x, torch.ones(4).half(), 1e-6, out=x.t())
+    y = torch.ones(3)
+    assert comm.should_custom_ar(y) and comm.custom_all_reduce(y) is not None
+    comm.admit = lambda *args: None  # and one that takes nothing
+    assert not comm.try_fused_add_rms_norm(x, torch.zeros_like(x), torch.ones(4), 1e-6)
     assert comm.custom_all_reduce(torch.ones((2, 4))) is None
-    assert [c[0] for c in runtime.calls] == ["fused"]
+    assert len(runs) == 2 and runtime.calls == []
 
 
 def _decline_cases(pcie):
@@ -580,8 +598,8 @@ def test_declines_for_every_reason_take_one_admission_and_run_nothing(pcie):
     for reason, t in plain:
         before = runtime.admissions
         assert not comm.should_custom_ar(t), reason
-        assert comm.custom_all_reduce(t) is None, reason
-        assert runtime.admissions - before == 2, reason
+        assert runtime.admissions - before == 1, reason
+        assert comm.custom_all_reduce(t) is None, reason  # vLLM never asks after a False
     for reason, (x, residual, weight, eps, out) in fused:
         before = runtime.admissions
         assert not comm.try_fused_add_rms_norm(x, residual, weight, eps, out), reason
@@ -596,7 +614,7 @@ def test_declines_for_every_reason_take_one_admission_and_run_nothing(pcie):
 @pytest.mark.parametrize("how", ["disabled", "closed", "no runtime"])
 def test_a_dead_or_absent_runtime_declines_everything(pcie, how):
     declared = _decline_cases(pcie)[0]
-    runtime = FakeRuntime()
+    runtime = FakeRuntime.make()
     if how == "disabled":
         runtime.enabled, runtime.disabled_reason = False, "setup step 'allocate' failed"
     comm = PcieAllReduce(
@@ -614,7 +632,7 @@ def test_a_dead_or_absent_runtime_declines_everything(pcie, how):
     assert runtime.calls == []
     assert len(runtime.declared) == (how == "closed")  # a dead runtime is not declared to
     # routing still answers where the adapter never had a live runtime
-    assert comm.has_plan_for(x) is (how != "closed")
+    assert comm.plans.has_plan_for(x) is (how != "closed")
 
 
 # --- declarations derived from a vLLM config ----------------------------------------------
@@ -648,44 +666,44 @@ def test_serving_shapes_cover_eager_counts_and_capture_sizes():
 def test_auto_declarations_route_through_the_runtime_rules(pcie):
     from b12x.integration.vllm.declarations import AutoDeclarations, ServingShapes
 
-    limits = runtime_module.Limits(oneshot_max=8 << 10, fused_max=2 << 10, twoshot_max=0)
+    limits = Limits(oneshot_max=8 << 10, fused_max=2 << 10, twoshot_max=0)
     auto = AutoDeclarations(ServingShapes.from_vllm_config(serving_config()), limits)
     comm = PcieAllReduce(device=CPU, world_size=2, limits=limits)
     comm.register_describer(auto, auto.describe)
     routes = comm.prepare()
     assert len(routes) == 16  # 512-byte rows under an 8 KiB one-shot ceiling
-    assert comm.has_plan_for(torch.empty((16, 256), dtype=torch.bfloat16))
-    assert not comm.has_plan_for(torch.empty((17, 256), dtype=torch.bfloat16))
-    assert not comm.has_plan_for(torch.empty((4, 256), dtype=torch.float32))
+    has_plan_for = comm.plans.has_plan_for
+    assert has_plan_for(torch.empty((16, 256), dtype=torch.bfloat16))
+    assert not has_plan_for(torch.empty((17, 256), dtype=torch.bfloat16))
+    assert not has_plan_for(torch.empty((4, 256), dtype=torch.float32))
 
     weight = torch.ones(256, dtype=torch.bfloat16)
     assert not auto.pending
-    declared, new = auto.norm(weight.data, 1e-6)  # vLLM passes weight.data: a new alias
-    assert new and declared is not weight and auto.pending
-    assert auto.norm(weight.data, 1e-6) == (declared, False)
-    assert auto.norm(weight, 1e-5)[1]  # another epsilon, another declaration
+    declared, rows = auto.norm(weight.data, 1e-6)  # vLLM passes weight.data: a new alias
+    assert declared is not weight and auto.pending and rows == 4  # 2 KiB: 4 rows of 512 B
+    again, _ = auto.norm(weight.data, 1e-6)
+    assert again is declared and auto.norm_count == 1
+    assert auto.norm(weight, 1e-5) is not None  # another epsilon, another declaration
     assert auto.norm_count == 2
     routes = comm.prepare()
     fused = [n for n, r in routes.items() if r == "oneshot_fused"]
     assert len(fused) == 2 * 4  # 2 KiB fused ceiling: 4 rows per norm
     x = torch.empty((4, 256), dtype=torch.bfloat16)
-    assert comm.has_plan_for(x, FUSED, declared, 1e-6)
-    assert not comm.has_plan_for(x, FUSED, weight, 1e-6)  # the index keys the declared object
+    assert has_plan_for(x, FUSED, declared, 1e-6)
+    assert not has_plan_for(x, FUSED, weight, 1e-6)  # the index keys the declared object
 
 
 def test_auto_declarations_refuse_what_they_cannot_declare(monkeypatch):
     from b12x.integration.vllm import declarations
     from b12x.integration.vllm.declarations import AutoDeclarations, ServingShapes
 
-    auto = AutoDeclarations(
-        ServingShapes.from_vllm_config(serving_config()), runtime_module.Limits()
-    )
-    assert auto.norm(torch.ones(256), 1e-6) == (None, False)  # not the model dtype
-    assert auto.norm(torch.ones(2, 128, dtype=torch.bfloat16), 1e-6) == (None, False)
-    assert auto.norm(torch.ones(256, dtype=torch.bfloat16), -1.0) == (None, False)
+    auto = AutoDeclarations(ServingShapes.from_vllm_config(serving_config()), Limits())
+    assert auto.norm(torch.ones(256), 1e-6) is None  # not the model dtype
+    assert auto.norm(torch.ones(2, 128, dtype=torch.bfloat16), 1e-6) is None
+    assert auto.norm(torch.ones(256, dtype=torch.bfloat16), -1.0) is None
     monkeypatch.setattr(declarations, "MAX_NORMS", 2)
     kept = [torch.ones(256, dtype=torch.bfloat16) for _ in range(3)]
-    assert [auto.norm(w, 1e-6)[1] for w in kept] == [True, True, False]  # bounded
+    assert [auto.norm(w, 1e-6) is not None for w in kept] == [True, True, False]  # bounded
     assert auto.norm_count == 2
 
 
@@ -697,12 +715,13 @@ def test_fused_probe_and_separate_output(pcie):
     x, residual = torch.ones((2, 4)), torch.zeros((2, 4))
     out = torch.empty_like(x)
     assert comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, out)
-    assert runtime.calls == [("fused", (x, residual, weight, 1e-6, out, None))]
+    ((kind, operands),) = runtime.calls
+    assert kind == "fused" and operands[3] is out and operands[4] is residual
     assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, out.half())
     assert not comm.try_fused_add_rms_norm(x, residual, weight, 1e-6, torch.empty((4, 2)).t())
-    off = PcieAllReduce(device=CPU, runtime=FakeRuntime(limits=runtime_module.Limits(fused_max=0)))
+    off = PcieAllReduce(device=CPU, runtime=FakeRuntime.make(limits=Limits(fused_max=0)))
     assert not off.supports_fused_add_rms_norm()
-    assert not PcieAllReduce(device=CPU, limits=object()).supports_fused_add_rms_norm()
+    assert not PcieAllReduce(device=CPU, limits=Limits()).supports_fused_add_rms_norm()
 
 
 # --- the vLLM slot ------------------------------------------------------------------------
@@ -737,7 +756,7 @@ def slot_with(monkeypatch, runtime):
     """b12x's slot as vLLM's CudaCommunicator builds it, over ``runtime``."""
     from b12x.integration.vllm import _hooks, communicator
 
-    monkeypatch.setattr(communicator, "_stock", StockAllreduce)
+    monkeypatch.setattr(communicator, "_stock_class", lambda: StockAllreduce)
     monkeypatch.setattr(
         communicator.B12xCustomAllreduce, "runtime_factory", lambda group, device, limits: runtime
     )
@@ -757,9 +776,9 @@ def vllm_all_reduce(slot, x):
 
 
 def test_the_vllm_slot_admits_each_all_reduce_once(monkeypatch):
-    runtime = FakeRuntime()
+    runtime = FakeRuntime.make()
     slot = slot_with(monkeypatch, runtime)
-    stock = slot._stock
+    stock = slot.fallback
     stock.takes = lambda t: t.shape == (3, 384)
     ours = torch.ones((4, 256), dtype=torch.bfloat16)  # declared from the config
     theirs = torch.ones((3, 384), dtype=torch.bfloat16)  # vLLM's own takes it
@@ -774,13 +793,12 @@ def test_the_vllm_slot_admits_each_all_reduce_once(monkeypatch):
             stock.calls[stock_calls:],
             None if out is None else float(out[0, 0]),
         )
-        assert slot._admitted is None  # no tensor kept past the call
+        assert slot._pending is None  # no tensor kept past the call
     assert seen == {
         "ours": (1, 1, [], 2.0),
         "theirs": (1, 0, ["should", "custom"], 10.0),
         "nobody": (1, 0, ["should"], None),
     }
-    assert runtime.plans_passed == [runtime.plan_for(ours)]
     # a custom_all_reduce of another tensor, or of none admitted first, admits it itself
     assert slot.should_custom_ar(ours)
     admissions = runtime.admissions

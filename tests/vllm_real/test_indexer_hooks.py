@@ -1,8 +1,9 @@
 """``indexer_hooks.install()``: stock vLLM 0.33 builds b12x's indexer for DeepSeek V3.2 and V4.
 
 The hooks sit in vLLM's own seams (``DeepseekV4Attention._get_indexer_cls``,
-``DeepseekV32Attention.indexer_cls`` and that module's ``SparseAttnIndexer``
-/ ``sparse_attn_indexer``). Layers are built by vLLM's real classes; the V3.2
+``DeepseekV32Attention.indexer_cls``, V3.2's ``sparse_attn_indexer``) and in
+vLLM's extension point for its ``SparseAttnIndexer`` custom op (registered
+out of tree). Layers are built by vLLM's real classes; the V3.2
 layer then runs through the exact call its attention makes. This CPU has no
 GPU the kernels run on, so the tests that install stand in for that one
 check (``_device_reason``); the refusal itself is tested unpatched.
@@ -20,6 +21,7 @@ from b12x.integration.vllm import indexer_hooks
 from b12x.integration.vllm.indexer import C4SparseIndexer
 from vllm.config import set_current_vllm_config
 from vllm.forward_context import set_forward_context
+from vllm.model_executor.custom_op import op_registry_oot
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention, DeepseekV4Indexer
 from vllm.models.deepseek_v32 import attention as v32
@@ -47,7 +49,7 @@ def vllm_seams():
     return (
         DeepseekV4Attention.__dict__["_get_indexer_cls"],
         v32.DeepseekV32Attention.__dict__["indexer_cls"],
-        v32.SparseAttnIndexer,
+        op_registry_oot.get("SparseAttnIndexer"),
         v32.sparse_attn_indexer,
     )
 
@@ -182,9 +184,11 @@ def test_v32_layers_run_b12x_through_the_call_their_attention_makes(gpu_ok):
     assert indexer_hooks.install(config)
     indexer = v32_indexer(config, "model.layers.0.self_attn.indexer")
     assert isinstance(indexer, backend.B12xDeepseekV32Indexer)
+    # vLLM's own SparseAttnIndexer(...) call gave b12x's op: registered out of tree
     op = indexer.indexer_op
-    assert isinstance(op, C4SparseIndexer) and op.compress_ratio == 1
-    assert backend.v32_ops() == {indexer.k_cache.prefix: op}
+    assert type(op) is backend.B12xSparseAttnIndexer and isinstance(op, SparseAttnIndexer)
+    assert isinstance(op.b12x, C4SparseIndexer) and op.b12x.compress_ratio == 1
+    assert backend.v32_ops() == {indexer.k_cache.prefix: op.b12x}
     backend_cls = indexer.k_cache.get_attn_backend()
     assert backend_cls.get_name() == "DEEPSEEK_V32_B12X_INDEXER"
     assert not indexer.k_cache.uses_shuffled_layout
@@ -218,6 +222,7 @@ def test_v32_layers_with_an_unsupported_config_keep_vllms_op(gpu_ok):
     indexer = v32_indexer(config, "model.layers.1.self_attn.indexer")
     assert type(indexer) is v32.DeepseekV32Indexer
     assert isinstance(indexer.indexer_op, SparseAttnIndexer)
+    assert indexer.indexer_op.b12x is None  # vLLM's own op, vLLM's own set-up
 
 
 def test_v32_dispatcher_passes_other_layers_to_vllm():

@@ -15,7 +15,7 @@ import b12x
 import pytest
 import torch
 import vllm.plugins
-from b12x.integration.vllm import communicator, plugin
+from b12x.integration.vllm import communicator, patches, plugin
 
 
 @pytest.fixture
@@ -98,9 +98,10 @@ def test_a_bad_switch_stops_vllm_with_an_error_naming_it(load, indexer_hooks, va
 def test_loading_again_installs_once(load, indexer_hooks, caplog):
     with caplog.at_level(logging.INFO, logger="b12x"):
         load("1")
-        stock = communicator._stock
+        stock = patches.original(communicator._SLOT_MODULE, "CustomAllreduce")
         plugin.register()  # vLLM may load plugins again in the same process
-    assert communicator._stock is stock  # vLLM's own class kept, not b12x's
+    # vLLM's own class kept, not b12x's
+    assert patches.original(communicator._SLOT_MODULE, "CustomAllreduce") is stock
     assert stock is not communicator.B12xCustomAllreduce
     assert caplog.text.count("installed in vLLM's custom all-reduce slot") == 1
     communicator.uninstall()

@@ -6,7 +6,8 @@ on. vLLM's own objects are real: its plugin loader, ``CudaCommunicator``
 ``graph_capture``, its fallback chain (``CustomAllreduce``, then
 ``torch.distributed`` on the device group, where NCCL would be on a GPU:
 ``VLLM_DISABLE_PYNCCL`` as there is no NCCL here). The one stand-in is the
-IPC runtime (:class:`vllm_fakes.GlooRuntime`), put in through
+IPC runtime's device side (:func:`vllm_fakes.gloo_runtime`: b12x's own
+runtime over its host stand-in, summing over gloo), put in through
 ``B12xCustomAllreduce.runtime_factory``. CUDA stream calls that
 ``graph_capture`` makes are no-ops here (no CUDA on the machine).
 """
@@ -108,9 +109,9 @@ def use_runtime(factory: Any) -> None:
 
 
 def gloo_runtime(group: Any, device: Any, limits: Any) -> Any:
-    from vllm_fakes import GlooRuntime
+    import vllm_fakes
 
-    return GlooRuntime(group, limits)
+    return vllm_fakes.gloo_runtime(group, limits)
 
 
 def build_communicator(config: Any = "default") -> Any:
@@ -196,8 +197,8 @@ def slot_state(comm: Any) -> dict[str, Any]:
         "slot": type(slot).__qualname__ if slot is not None else None,
         "slot_module": type(slot).__module__ if slot is not None else None,
         "disabled": None if slot is None else slot.disabled,
-        "b12x_disabled": getattr(getattr(slot, "b12x", None), "disabled", None),
-        "routes": len(getattr(getattr(slot, "b12x", None), "_routes", {}) or {}),
+        "b12x_disabled": None if not hasattr(slot, "runtime") else slot.runtime is None,
+        "routes": len(slot.plans.routes()) if hasattr(slot, "plans") else 0,
     }
 
 
@@ -218,10 +219,10 @@ def built_from_vllm_call(rank: int) -> dict[str, Any]:
     use_runtime(gloo_runtime)
     comm = build_communicator()
     state = slot_state(comm)
-    runtime = comm.ca_comm.b12x.runtime
+    runtime = comm.ca_comm.runtime
     state["runtime_world"] = runtime.world_size
-    state["declared"] = runtime.declared_counts
-    state["stock_type"] = type(comm.ca_comm._stock).__module__
+    state["declared"] = [len(invocations) for invocations in runtime.declared]
+    state["stock_type"] = type(comm.ca_comm.fallback).__module__
     state["fused_probe"] = comm.ca_comm.supports_fused_add_rms_norm()
     comm.destroy()
     return state
@@ -232,7 +233,7 @@ def dispatch(rank: int) -> dict[str, Any]:
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator()
-    runtime = comm.ca_comm.b12x.runtime
+    runtime = comm.ca_comm.runtime
     results: dict[str, Any] = {}
     for label, shape in {
         "m1": (1, HIDDEN),
@@ -260,18 +261,17 @@ def graph_capture(rank: int, declared: bool) -> dict[str, Any]:
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator(vllm_config() if declared else None)
-    adapter = comm.ca_comm.b12x
-    runtime = adapter.runtime
+    runtime = comm.ca_comm.runtime
     seen: dict[str, Any] = {}
     with tp_communicator(comm) as tp, cpu_streams() as stream:
         with tp.graph_capture(GraphCaptureContext(stream)) as context:
             seen["context_stream"] = context.stream is stream
-            seen["capturing"] = adapter._capturing
+            seen["capturing"] = runtime.in_capture
             out = tp.all_reduce(rank_input(rank, (8, HIDDEN)))
             seen["correct"] = bool(torch.equal(out, expected_sum((8, HIDDEN))))
         with comm.ca_comm.capture(stream=stream):  # the fork passes the stream
-            seen["capturing_with_stream"] = adapter._capturing
-    seen["after"] = adapter._capturing
+            seen["capturing_with_stream"] = runtime.in_capture
+    seen["after"] = runtime.in_capture
     seen["runtime_captures"] = runtime.captures
     seen["b12x_calls"] = len(runtime.calls)
     comm.destroy()
@@ -287,7 +287,7 @@ def teardown(rank: int) -> dict[str, Any]:
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator()
-    runtime = comm.ca_comm.b12x.runtime
+    runtime = comm.ca_comm.runtime
     live_before = len(communicator.live_slots())
     comm.destroy()
     gc.collect()
@@ -310,7 +310,7 @@ def gather_scatter(rank: int) -> dict[str, Any]:
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator()
-    runtime = comm.ca_comm.b12x.runtime
+    runtime = comm.ca_comm.runtime
     x = rank_input(rank, (4, HIDDEN))
     seen = {
         "gather": comm.custom_all_gather(x),
@@ -341,7 +341,7 @@ def fused_op(rank: int, compiled: bool) -> dict[str, Any]:
     load_plugins("allreduce")
     use_runtime(gloo_runtime)
     comm = build_communicator()
-    runtime = comm.ca_comm.b12x.runtime
+    runtime = comm.ca_comm.runtime
     with set_current_vllm_config(vllm_config()):  # vLLM's CustomOps read it when built
         norms = {"a": RMSNorm(HIDDEN, eps=1e-6), "b": RMSNorm(HIDDEN, eps=1e-6)}
     with torch.no_grad():
@@ -353,7 +353,7 @@ def fused_op(rank: int, compiled: bool) -> dict[str, Any]:
 
     call = torch.compile(step, backend="aot_eager", fullgraph=True) if compiled else step
     results: dict[str, Any] = {}
-    profile_rows = comm.ca_comm.b12x.limits.fused_max // (HIDDEN * 4) + 1
+    profile_rows = comm.ca_comm.limits.fused_max // (HIDDEN * 4) + 1
     with tp_communicator(comm):
         results["probe"] = fused.supports_fused_add_rms_norm()
         for label, name, rows in [
@@ -370,12 +370,12 @@ def fused_op(rank: int, compiled: bool) -> dict[str, Any]:
             want_normed, want_residual = norm.forward_native(
                 expected_sum((rows, HIDDEN)), residual.clone()
             )
-            calls, declares = len(runtime.calls), len(runtime.declared_counts)
+            calls, declares = len(runtime.calls), len(runtime.declared)
             # vLLM's RMSNorm hands its kernels weight.data: a new alias per call
             normed = call(x, residual, norm.weight.data)
             results[label] = {
                 "fused_calls": sum(c[0] == "fused" for c in runtime.calls[calls:]),
-                "declares": len(runtime.declared_counts) - declares,
+                "declares": len(runtime.declared) - declares,
                 "normed": bool(torch.allclose(normed, want_normed, atol=1e-5, rtol=1e-5)),
                 "residual": bool(torch.allclose(residual, want_residual, atol=1e-6, rtol=1e-6)),
                 "x_untouched": bool(torch.equal(x, rank_input(rank, (rows, HIDDEN)))),
@@ -388,7 +388,7 @@ def fused_op(rank: int, compiled: bool) -> dict[str, Any]:
 def declines(rank: int, case: str) -> dict[str, Any]:
     """A multi-node group, a failed set-up, an unsupported GPU: b12x declines, vLLM runs."""
     import vllm.distributed.parallel_state as parallel_state
-    from vllm_fakes import GlooRuntime
+    import vllm_fakes
 
     load_plugins("allreduce")
     restore = contextlib.ExitStack()
@@ -406,7 +406,7 @@ def declines(rank: int, case: str) -> dict[str, Any]:
         use_runtime(failing)
     elif case == "unsupported_gpu":
         use_runtime(
-            lambda group, device, limits: GlooRuntime(
+            lambda group, device, limits: vllm_fakes.gloo_runtime(
                 group,
                 enabled=False,
                 disabled_reason="setup step 'allocate' failed on rank(s) [0, 1] "

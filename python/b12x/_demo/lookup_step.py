@@ -66,8 +66,7 @@ class DecoderLayer:
 def lookup_step(world_size: int = 8) -> StepResult:
     name, where = "all-reduce: declared lookups (adapter)", "cpu"
     try:
-        from b12x.comm.pcie import DeclaredPlanIndex, Invocation  # noqa: F401
-        from b12x.comm.pcie.allreduce import route  # noqa: F401
+        from b12x.comm.pcie import DeclaredPlanIndex, Invocation, route  # noqa: F401
     except ImportError as e:
         return StepResult(
             name,
@@ -92,28 +91,25 @@ def lookup_step(world_size: int = 8) -> StepResult:
 
     plain_rows, fused_rows = routed("attn_output_all_reduce"), routed("moe_output_add_rms_norm")
     weight = layers[0].norm_weight
-    hits = [comm.has_plan_for(x(r)) for r in plain_rows]
-    hits += [
-        comm.has_plan_for(x(r), FUSED, lay.norm_weight, EPS) for lay in layers for r in fused_rows
-    ]
-    misses = [comm.has_plan_for(x(r)) for r in (3, 5)]  # never declared
-    misses += [comm.has_plan_for(x(r)) for r in TOKEN_COUNTS if r not in plain_rows]
-    misses += [
-        comm.has_plan_for(x(r), FUSED, weight, EPS) for r in TOKEN_COUNTS if r not in fused_rows
-    ]
-    misses.append(comm.has_plan_for(x(1, torch.float32)))  # another dtype
-    misses.append(comm.has_plan_for(x(1), FUSED, weight.clone(), EPS))  # equal value, other object
+    has_plan_for = comm.plans.has_plan_for
+    hits = [has_plan_for(x(r)) for r in plain_rows]
+    hits += [has_plan_for(x(r), FUSED, lay.norm_weight, EPS) for lay in layers for r in fused_rows]
+    misses = [has_plan_for(x(r)) for r in (3, 5)]  # never declared
+    misses += [has_plan_for(x(r)) for r in TOKEN_COUNTS if r not in plain_rows]
+    misses += [has_plan_for(x(r), FUSED, weight, EPS) for r in TOKEN_COUNTS if r not in fused_rows]
+    misses.append(has_plan_for(x(1, torch.float32)))  # another dtype
+    misses.append(has_plan_for(x(1), FUSED, weight.clone(), EPS))  # equal value, other object
     probe_hit, probe_miss = x(plain_rows[-1] if plain_rows else 1), x(3)
     number = 20000
-    hit_s = min(timeit.repeat(lambda: comm.has_plan_for(probe_hit), number=number, repeat=3))
-    miss_s = min(timeit.repeat(lambda: comm.has_plan_for(probe_miss), number=number, repeat=3))
+    hit_s = min(timeit.repeat(lambda: has_plan_for(probe_hit), number=number, repeat=3))
+    miss_s = min(timeit.repeat(lambda: has_plan_for(probe_miss), number=number, repeat=3))
     ok = all(hits) and not any(misses) and not comm.should_custom_ar(probe_hit)
     by_route = Counter(routes.values())
     summary = (
         f"TP{world_size}, {LAYERS} layers x {{all-reduce, fused add+RMSNorm}} x rows "
         f"{TOKEN_COUNTS}: {len(routes)}/{declared} routed "
         f"({', '.join(f'{n} {name}' for name, n in sorted(by_route.items()))}), "
-        f"{len(comm._index)} index keys; hits {sum(hits)}/{len(hits)}, "
+        f"{len(comm.plans)} index keys; hits {sum(hits)}/{len(hits)}, "
         f"misses {len(misses) - sum(misses)}/{len(misses)}; no runtime here, so every live "
         "call declines to NCCL"
     )

@@ -24,6 +24,7 @@ BENCHES = {
     "plan": "plan",
     "indexer": "indexer",
     "lookup": "lookup",
+    "host": "host",
 }
 
 

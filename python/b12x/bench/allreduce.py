@@ -147,8 +147,7 @@ def _worker(
     import torch
     import torch.distributed as dist
 
-    from b12x.comm.pcie import FUSED, PLAIN
-    from b12x.comm.pcie.allreduce import AllReduce, Limits
+    from b12x.comm.pcie import FUSED, PLAIN, AllReduce, Limits
 
     init_local_group(rank, world, port)
     rows: list[dict[str, Any]] = []

@@ -66,6 +66,30 @@ pub enum Error {
     #[error("{op}: {operand} expected {expected}, got {got}")]
     InvalidValue { op: &'static str, operand: Name, expected: Cow<'static, str>, got: String },
 
+    /// An argument of the wrong Python type that is no tensor problem (an
+    /// operation given as a number, an epsilon as text, a pair as a list).
+    #[error("{op}: {operand} expected {expected}, got {got}")]
+    ArgumentType { op: Name, operand: Name, expected: Cow<'static, str>, got: String },
+
+    /// A tensor that can never be this operand (zero-size, negative strides).
+    #[error(
+        "{op}: {operand} expected {expected}, got shape {} strides {}",
+        crate::collective::fmt_tuple(shape),
+        crate::collective::fmt_tuple(strides)
+    )]
+    UnsupportedTensor {
+        op: Name,
+        operand: Name,
+        expected: Cow<'static, str>,
+        shape: Vec<i64>,
+        strides: Vec<i64>,
+    },
+
+    /// An argument that names no device the operation can use: malformed,
+    /// an ordinal out of range or not visible, or the wrong kind.
+    #[error("{op}: {operand} expected {expected}, got {got}")]
+    DeviceArgument { op: Name, operand: Name, expected: Cow<'static, str>, got: String },
+
     #[error(
         "{op}: {operand} expected a tensor (torch.Tensor or a __dlpack__ producer), got {got}"
     )]
@@ -100,6 +124,10 @@ pub enum Error {
 
     #[error("{0}")]
     UndeclaredPlan(String),
+
+    /// A page id past the K cache that a run met (read back by a check).
+    #[error("{0}")]
+    PageTable(crate::indexer::PageFault),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -12,4 +12,6 @@ pub mod tensor;
 pub mod validate;
 
 pub use error::{Error, Result};
-pub use tensor::{DType, Device, DeviceName, Dims, TensorMeta, MAX_CUDA_ORDINAL, MAX_RANK};
+pub use tensor::{
+    cuda_ordinal, DType, Device, DeviceName, Dims, TensorMeta, MAX_CUDA_ORDINAL, MAX_RANK,
+};

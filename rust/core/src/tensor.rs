@@ -140,7 +140,9 @@ impl fmt::Display for DType {
 pub enum Device {
     Cpu,
     Cuda(u32),
-    /// A device b12x cannot use, by DLPack device type.
+    /// torch's meta device: shapes without storage (fake tensors, tracing).
+    Meta,
+    /// A device b12x cannot use, by DLPack device type (-1: not known).
     Other(i32),
 }
 
@@ -165,6 +167,16 @@ pub enum DeviceName {
 }
 
 impl DeviceName {
+    /// What a device argument may be, for messages (the Python entry points
+    /// add torch.device objects and ordinals to the strings [`parse`] reads).
+    ///
+    /// [`parse`]: DeviceName::parse
+    pub const EXPECTED: &'static str = "a torch.device, 'cpu', 'cuda' (the current CUDA device), \
+                                        'cuda:N' or a CUDA ordinal N";
+    /// The same, where the operation needs a CUDA device.
+    pub const EXPECTED_CUDA: &'static str = "a CUDA device: a torch.device, 'cuda' (the current \
+                                             CUDA device), 'cuda:N' or a CUDA ordinal N";
+
     /// `text` as a device name, or None when it is none (or names an
     /// ordinal past [`MAX_CUDA_ORDINAL`]). Whitespace is not trimmed.
     pub fn parse(text: &str) -> Option<DeviceName> {
@@ -183,12 +195,31 @@ impl DeviceName {
     }
 }
 
+/// `ordinal` as a CUDA ordinal: `0..=MAX_CUDA_ORDINAL` (torch's device index
+/// is int8, so `torch.device("cuda:300")` would silently be cuda:44).
+pub fn cuda_ordinal(op: &str, ordinal: i64) -> crate::Result<u32> {
+    match u32::try_from(ordinal) {
+        Ok(i) if i <= MAX_CUDA_ORDINAL => Ok(i),
+        _ => Err(crate::Error::DeviceArgument {
+            op: op.to_string().into(),
+            operand: "device".into(),
+            expected: format!(
+                "a CUDA ordinal in [0, {MAX_CUDA_ORDINAL}] (torch's device index is int8)"
+            )
+            .into(),
+            got: ordinal.to_string(),
+        }),
+    }
+}
+
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Device::Cpu => f.write_str("cpu"),
             Device::Cuda(i) => write!(f, "cuda:{i}"),
-            Device::Other(t) => write!(f, "dlpack-device-type-{t}"),
+            Device::Meta => f.write_str("meta"),
+            Device::Other(-1) => f.write_str("a device that is neither cpu nor cuda"),
+            Device::Other(t) => write!(f, "DLPack device type {t}"),
         }
     }
 }

@@ -10,12 +10,18 @@
 //!
 //! A launch takes a [`Launch`] that b12x-core's `bind_plain` / `bind_fused`
 //! checked against this runtime's [`Target`].
+//!
+//! [`Runtime::host_stand_in`] replaces the device side only (slab, peers,
+//! error word, kernel enqueue) by host memory and a launch counter, so that
+//! `b12x bench host` and tests on machines without GPUs run the real
+//! admission, bind and health read of every call.
 
 use b12x_core::allreduce::knobs::MAX_TIMEOUT_S;
-use b12x_core::allreduce::layout::MAX_WORLD;
+use b12x_core::allreduce::layout::check_world;
 use b12x_core::allreduce::{Args, Float, Kernel as ArKernel, Launch, Limits, PacksPerThread};
 use b12x_core::allreduce::{SlabLayout, Target};
-use b12x_core::Error as CoreError;
+use b12x_core::{Device, Error as CoreError};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::device::device_info;
 use crate::error::{CudaError, Result};
@@ -84,6 +90,16 @@ fn first_error(errors: impl IntoIterator<Item = Result<()>>) -> Result<()> {
     first
 }
 
+/// The device side of [`Runtime::host_stand_in`]: an error word in host
+/// memory (what kernels would write) and the launches it took.
+#[derive(Debug)]
+struct StandIn {
+    device: Device,
+    error: AtomicU32,
+    launches: AtomicU64,
+    health_reads: AtomicU64,
+}
+
 /// One rank's IPC all-reduce state.
 #[derive(Debug)]
 pub struct Runtime {
@@ -98,6 +114,7 @@ pub struct Runtime {
     peers: Vec<PeerMapping>,
     table: Option<DeviceTable>,
     ctx: Option<KernelCtx>,
+    stand_in: Option<StandIn>,
 }
 
 impl Runtime {
@@ -112,13 +129,7 @@ impl Runtime {
         twoshot_push: bool,
         timeout_ns: u64,
     ) -> Result<Runtime> {
-        if !(2..=MAX_WORLD).contains(&world) || rank >= world {
-            return Err(invalid(
-                "world",
-                "2..=8 ranks and rank < world",
-                format!("rank {rank} of {world}"),
-            ));
-        }
+        check_world(rank, world)?;
         if timeout_ns == 0 || timeout_ns as f64 > MAX_TIMEOUT_S * 1e9 {
             return Err(invalid(
                 "timeout_ns",
@@ -148,7 +159,71 @@ impl Runtime {
             peers: Vec::new(),
             table: None,
             ctx: None,
+            stand_in: None,
         })
+    }
+
+    /// A runtime whose device side is host memory: open at once (no slab, no
+    /// peers), its operands on `device` (the host or a CUDA device), its
+    /// launches counted instead of enqueued. Admission, bind and the health
+    /// read are the real ones; for `b12x bench host` and GPU-less tests.
+    pub fn host_stand_in(
+        device: Device,
+        rank: u32,
+        world: u32,
+        limits: &Limits,
+        twoshot_push: bool,
+        multiprocessors: u32,
+    ) -> Result<Runtime> {
+        check_world(rank, world)?;
+        let layout = SlabLayout::for_limits(limits, twoshot_push);
+        let timeout_ns = 1_000_000_000;
+        Ok(Runtime {
+            ordinal: match device {
+                Device::Cuda(i) => i,
+                _ => 0,
+            },
+            rank,
+            world,
+            layout,
+            timeout_ns,
+            multiprocessors,
+            slab: None,
+            host: None,
+            peers: Vec::new(),
+            table: None,
+            ctx: Some(KernelCtx {
+                peers: 0,
+                own: 0,
+                host_err: 0,
+                slot_bytes: layout.slot_bytes,
+                timeout_ns,
+                rank,
+                world,
+            }),
+            stand_in: Some(StandIn {
+                device,
+                error: AtomicU32::new(0),
+                launches: AtomicU64::new(0),
+                health_reads: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Launches a host stand-in took (None for a real runtime).
+    pub fn stand_in_launches(&self) -> Option<u64> {
+        self.stand_in.as_ref().map(|s| s.launches.load(Ordering::Relaxed))
+    }
+
+    /// Reads of a host stand-in's error word (None for a real runtime).
+    pub fn stand_in_health_reads(&self) -> Option<u64> {
+        self.stand_in.as_ref().map(|s| s.health_reads.load(Ordering::Relaxed))
+    }
+
+    /// Records `code` in a host stand-in's error word, as a kernel that timed
+    /// out waiting for `code & 0xff` would; false for a real runtime.
+    pub fn stand_in_record_error(&self, code: u32) -> bool {
+        self.stand_in.as_ref().map(|s| s.error.store(code, Ordering::Relaxed)).is_some()
     }
 
     /// This rank's 64-byte CUipcMemHandle.
@@ -236,7 +311,13 @@ impl Runtime {
 
     /// The error code kernels recorded (0 = none); read without a device sync.
     pub fn error_code(&self) -> u32 {
-        self.host.as_ref().map_or(0, HostWord::read)
+        match &self.stand_in {
+            Some(s) => {
+                s.health_reads.fetch_add(1, Ordering::Relaxed);
+                s.error.load(Ordering::Relaxed)
+            }
+            None => self.host.as_ref().map_or(0, HostWord::read),
+        }
     }
 
     /// `CollectiveTimeout` if a kernel recorded a timeout.
@@ -255,7 +336,7 @@ impl Runtime {
     /// What a launch is checked against; None until the peers are open.
     pub fn target(&self) -> Option<Target> {
         self.ctx.map(|_| Target {
-            ordinal: self.ordinal,
+            device: self.stand_in.as_ref().map_or(Device::Cuda(self.ordinal), |s| s.device),
             world: self.world,
             slot_bytes: self.layout.slot_bytes,
         })
@@ -298,6 +379,10 @@ impl Runtime {
                 "a launch bound for this runtime",
                 format!("{:?}", launch.target),
             ));
+        }
+        if let Some(s) = &self.stand_in {
+            s.launches.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
         }
         let kernel = ptx_kernel(launch.kernel);
         let config = LaunchConfig::linear(launch.geometry.grid, launch.geometry.block);

@@ -92,6 +92,14 @@ pub fn device_count() -> Result<u32> {
     Ok(result::device::get_count().ctx("cuDeviceGetCount", || "the driver".into())? as u32)
 }
 
+/// The CUDA devices this process can see (`CUDA_VISIBLE_DEVICES` applied): 0
+/// without a driver. Fixed once the driver initialised, so read once; what a
+/// device argument's ordinal is checked against.
+pub fn visible_devices() -> u32 {
+    static COUNT: OnceLock<u32> = OnceLock::new();
+    *COUNT.get_or_init(|| device_count().unwrap_or(0))
+}
+
 fn cu_device(ordinal: u32) -> Result<sys::CUdevice> {
     let count = device_count()?;
     if ordinal >= count || ordinal as usize >= MAX_DEVICES {

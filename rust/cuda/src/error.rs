@@ -2,10 +2,15 @@
 
 use cudarc::driver::DriverError;
 
+use crate::ptx::MIN_DRIVER;
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CudaError {
-    #[error("no CUDA driver found (libcuda.so could not be loaded); b12x needs an NVIDIA driver >= 570 for GPU work")]
+    #[error(
+        "no CUDA driver found (libcuda.so could not be loaded); b12x needs an NVIDIA driver >= \
+         {MIN_DRIVER} for GPU work"
+    )]
     NoDriver,
 
     #[error("{call} failed on {device}: {source}")]
@@ -47,7 +52,7 @@ pub enum CudaError {
 #[error(
     "loading PTX module '{module}' on cuda:{ordinal} ({arch}) failed: {source}. \
      Embedded: PTX ISA {isa} for {target}; the driver supports CUDA {driver}. \
-     PTX ISA {isa} needs a driver >= 570.{log}"
+     PTX ISA {isa} needs a driver >= {MIN_DRIVER}.{log}"
 )]
 pub struct ModuleLoadError {
     pub module: &'static str,

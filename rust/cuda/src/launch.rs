@@ -7,6 +7,7 @@
 //! CUstream of the kernel's device (0 = the legacy default stream).
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::sys;
 
@@ -28,6 +29,15 @@ impl LaunchConfig {
     pub const fn linear(grid: u32, block: u32) -> Self {
         LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0, cluster: 1 }
     }
+}
+
+/// Kernels enqueued by [`launch`] in this process (relaxed; for `b12x bench
+/// host`, which sets a run's floor to as many bare launches as it makes).
+static LAUNCHES: AtomicU64 = AtomicU64::new(0);
+
+/// How many kernels [`launch`] has enqueued in this process.
+pub fn launches() -> u64 {
+    LAUNCHES.load(Ordering::Relaxed)
 }
 
 /// Kernel argument list: addresses of the argument values, in order.
@@ -105,6 +115,8 @@ pub unsafe fn launch(
             )
         }
         .result()
-        .ctx("cuLaunchKernel", || format!("cuda:{ordinal} ({})", kernel.symbol()))
+        .ctx("cuLaunchKernel", || format!("cuda:{ordinal} ({})", kernel.symbol()))?;
+        LAUNCHES.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     })
 }

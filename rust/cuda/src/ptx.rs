@@ -7,6 +7,9 @@
 /// What the baseline PTX was built for (kept in step with kernels/build_ptx.py).
 pub const PTX_TARGET: &str = "compute_89";
 pub const PTX_ISA: &str = "8.7";
+/// The oldest driver that loads PTX ISA 8.7 (the R570 branch, CUDA 12.8):
+/// the one statement of it (messages, `b12x doctor`, `_core.build_info()`).
+pub const MIN_DRIVER: u32 = 570;
 
 /// Which devices a module's PTX can be JIT-compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +130,9 @@ modules! {
         IndexerTopkFoldPrefix = "b12x_indexer_topk_fold_prefix",
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
+    ],
+    probe: Baseline => [
+        ProbeEmpty = "b12x_probe_empty",
     ],
     indexer_wgmma: Sm90a => [
         IndexerWgmmaDecodeH16 = "b12x_indexer_wgmma_decode_h16",

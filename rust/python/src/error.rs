@@ -24,6 +24,8 @@ pub mod exc {
     import_exception!(b12x.errors, PageTableError);
     import_exception!(b12x.errors, ShapeError);
     import_exception!(b12x.errors, UndeclaredPlanError);
+    import_exception!(b12x.errors, UnsupportedTensorError);
+    import_exception!(b12x.errors, ArgumentTypeError);
 }
 use exc::*;
 
@@ -65,7 +67,7 @@ pub fn core_to_py(e: CoreError) -> PyErr {
         CoreError::NotATensor { .. }
         | CoreError::BadTensor { .. }
         | CoreError::ForeignTensor { .. } => NotATensorError::new_err(msg),
-        CoreError::Device { .. } => DeviceError::new_err(msg),
+        CoreError::Device { .. } | CoreError::DeviceArgument { .. } => DeviceError::new_err(msg),
         CoreError::Rank { .. } | CoreError::Shape { .. } => ShapeError::new_err(msg),
         CoreError::Layout { .. } => LayoutError::new_err(msg),
         CoreError::Alignment { .. } => AlignmentError::new_err(msg),
@@ -73,6 +75,9 @@ pub fn core_to_py(e: CoreError) -> PyErr {
         | CoreError::Capacity { .. }
         | CoreError::Insufficient { .. } => CapacityError::new_err(msg),
         CoreError::UndeclaredPlan(_) => UndeclaredPlanError::new_err(msg),
+        CoreError::UnsupportedTensor { .. } => UnsupportedTensorError::new_err(msg),
+        CoreError::PageTable(_) => PageTableError::new_err(msg),
+        CoreError::ArgumentType { .. } => ArgumentTypeError::new_err(msg),
         _ => ConfigError::new_err(msg),
     }
 }

@@ -3,6 +3,7 @@
 
 mod allreduce;
 mod collective;
+mod device;
 mod error;
 mod indexer;
 mod runtime;
@@ -16,6 +17,7 @@ use pyo3::prelude::*;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     runtime::register(m)?;
+    device::register(m)?;
     allreduce::register(m)?;
     indexer::register(m)?;
     tensor::register(m)?;

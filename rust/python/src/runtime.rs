@@ -13,7 +13,7 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("version", env!("CARGO_PKG_VERSION"))?;
     d.set_item("ptx_target", ptx::PTX_TARGET)?;
     d.set_item("ptx_isa", ptx::PTX_ISA)?;
-    d.set_item("min_driver", "570")?;
+    d.set_item("min_driver", ptx::MIN_DRIVER.to_string())?;
     d.set_item("cudarc_bindings", "CUDA 12.8 driver API (dynamic loading)")?;
     let modules: Vec<(&str, Vec<&str>)> = ptx::MODULES
         .iter()
@@ -74,6 +74,23 @@ fn kernels_loaded(ordinal: u32) -> bool {
     device::loaded(ordinal).is_ok()
 }
 
+/// Kernels b12x has enqueued in this process (``b12x bench host`` reads how
+/// many one call makes).
+#[pyfunction]
+fn _launch_count() -> u64 {
+    b12x_cuda::launch::launches()
+}
+
+/// Enqueues ``count`` launches of an empty kernel on torch's current stream
+/// of ``ordinal`` (kernels loaded there): the host floor of ``count`` launches.
+#[pyfunction]
+fn _bare_launches(py: Python<'_>, ordinal: u32, count: u32) -> PyB12xResult<()> {
+    let stream = crate::torch_stream::current_stream(py, ordinal)?;
+    // SAFETY: torch's current stream of `ordinal` is live.
+    unsafe { b12x_cuda::probe::launch_empty(ordinal, stream, count)? };
+    Ok(())
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(build_info, m)?)?;
     m.add_function(wrap_pyfunction!(driver_present, m)?)?;
@@ -83,6 +100,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(can_access_peer, m)?)?;
     m.add_function(wrap_pyfunction!(load_kernels, m)?)?;
     m.add_function(wrap_pyfunction!(kernels_loaded, m)?)?;
+    m.add_function(wrap_pyfunction!(_launch_count, m)?)?;
+    m.add_function(wrap_pyfunction!(_bare_launches, m)?)?;
     m.add("MIN_COMPUTE_CAPABILITY", b12x_cuda::ptx::BASELINE_MIN_COMPUTE_CAPABILITY)?;
     Ok(())
 }

@@ -33,6 +33,8 @@ use crate::torch_abi;
 
 pub(crate) struct TorchCache {
     pub(crate) tensor_type: Py<PyType>,
+    /// `torch.empty_like`: the all-reduce's fresh output.
+    pub(crate) empty_like: Py<PyAny>,
     dtypes: Vec<(Py<PyAny>, DType)>,
 }
 
@@ -96,6 +98,7 @@ pub(crate) fn torch_cache(py: Python<'_>) -> Option<&TorchCache> {
             }
             Ok(TorchCache {
                 tensor_type: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
+                empty_like: torch.getattr("empty_like")?.unbind(),
                 dtypes,
             })
         })
@@ -289,6 +292,8 @@ fn extract_torch(r: &Reading<'_, '_>) -> PyB12xResult<TensorMeta> {
     } else if r.flag(intern!(py, "is_cpu"))? {
         // `is_cpu` is a plain getter; `device.type` builds a torch.device (~0.4 us)
         Device::Cpu
+    } else if r.flag(intern!(py, "is_meta"))? {
+        Device::Meta
     } else {
         Device::Other(-1)
     };

@@ -245,7 +245,7 @@ fn read(obj: &Bound<'_, PyAny>) -> Option<TensorMeta> {
     } else if dev_type == shim.cpu {
         Device::Cpu
     } else {
-        Device::Other(-1)
+        return None; // the attribute path names the other devices
     };
     // a dtype the shim table lacks: the attribute path can still name it
     let dtype = shim.dtypes.iter().find(|(c, _)| *c == dtype).map(|(_, d)| *d)?;

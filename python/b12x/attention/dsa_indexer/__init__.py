@@ -145,16 +145,17 @@ def is_supported(device: Any = None) -> bool:
     """True when :func:`run` can execute on a GPU here.
 
     Needs a CUDA driver with a device and FP8 MMA (compute capability 8.9 or
-    newer) on ``device`` (default: CUDA device 0). CPU tensors always run the
-    reference.
+    newer) on ``device`` (b12x's device grammar; default: the current CUDA
+    device). CPU tensors always run the reference.
     """
     from b12x import cuda
 
     if not cuda.is_available():
         return False
     try:
-        ordinal = 0 if device is None else cuda.device_index(device)
-        major, minor = _core.device_info(ordinal)["compute_capability"]
+        major, minor = _core.device_info(cuda.device_index(device, op="is_supported"))[
+            "compute_capability"
+        ]
     except Exception:
         return False
     return (major, minor) >= _core.MIN_COMPUTE_CAPABILITY
@@ -163,26 +164,14 @@ def is_supported(device: Any = None) -> bool:
 def check(device: Any) -> None:
     """Raises the first page-table fault that runs on ``device`` met since the last check.
 
-    ``Binding.check()`` for every binding of the device (CPU or CUDA): syncs
-    the device, raises :class:`b12x.errors.PageTableError` naming
+    ``Binding.check()`` for every binding of the device (b12x's device
+    grammar: "cpu", a CUDA device, or None for the current CUDA device):
+    syncs the device, raises :class:`b12x.errors.PageTableError` naming
     ``page_table[row, column]`` and the id when a run met a page id at or past
     ``index_k_cache.shape[0]``, and clears the record. A CUDA device must have
     a plan (its kernels loaded). Not for hot paths or graph captures.
     """
-    from b12x import cuda
-    from b12x.errors import DeviceError
-
-    if device == "cpu" or getattr(device, "type", None) == "cpu":
-        _core.indexer_check(None)
-        return
-    try:
-        if device is None:
-            raise DeviceError("no device")
-        index = cuda.device_index(device, op="check")
-    except DeviceError:
-        raise DeviceError(
-            f"check: device expected 'cpu', 'cuda', 'cuda:N' or a CUDA ordinal, got {device!r}"
-        ) from None
+    _, index = _core.resolve_device(device, "check")
     _core.indexer_check(index)
 
 

@@ -211,7 +211,7 @@ def paged_logits(
     w = query_weights.reshape(rows, heads).float()
     for r in range(rows):
         cols = -(-limits[r] // PAGE_SIZE)
-        if cols == 0:
+        if cols == 0 or pages == 0:  # nothing to read (a cache without pages maps none)
             continue
         pids = page_table[r, :cols].long()
         # unmapped pages (masked below) read page 0 instead of nothing

@@ -1,64 +1,48 @@
 """Declaring: the one path from declared invocations to indexed plans.
 
-:func:`declare_plans` routes and prepares invocations (b12x-core) and swaps
-the routed ones into a :class:`~b12x.comm.pcie.DeclaredPlanIndex` as one
-snapshot. :meth:`AllReduce.declare <b12x.comm.pcie.AllReduce.declare>`
-declares through it, and so does :class:`DeclaredPlans`, the declared half
-of a runtime for where there is none (CPU only, no process group): routing
-under the same limits answers ``has_plan_for``, and nothing runs.
+:class:`DeclaredPlans` routes and prepares invocations (b12x-core) for a
+group of ``world`` ranks and swaps the routed ones into its
+:class:`~b12x.comm.pcie.DeclaredPlanIndex` as one snapshot (declined
+invocations are logged at debug level). The runtime holds one
+(:attr:`AllReduce.plans <b12x.comm.pcie.AllReduce.plans>`, whose index its
+admission looks calls up in), and so does the vLLM adapter where
+there is no runtime (CPU only, no process group): routing under the same
+limits answers ``has_plan_for``, and nothing runs.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from b12x import _core
 from b12x._core import AllReducePlan, DeclaredPlanIndex
-from b12x.comm.pcie.invocation import PLAIN
 from b12x.comm.pcie.knobs import Limits
 from b12x.errors import ConfigError
 
 if TYPE_CHECKING:
-    import torch
+    from b12x.comm.pcie.invocation import Declaration
 
-    from b12x.comm.pcie.allreduce import Declaration
+__all__ = ["DeclaredPlans", "route"]
 
-__all__ = ["DeclaredPlans", "declare_plans"]
+log = logging.getLogger("b12x.comm.pcie")
 
-
-def declare_plans(
-    index: DeclaredPlanIndex,
-    invocations: Iterable[Declaration],
-    world: int,
-    limits: Limits,
-    multiprocessors: int,
-    twoshot_push: bool = False,
-) -> tuple[list[tuple[Declaration, AllReducePlan]], list[tuple[Declaration, str]]]:
-    """Routes and prepares ``invocations`` for ``world`` ranks and replaces
-    ``index``'s declarations with the routed ones in one step.
-
-    Returns ``(routed, declined)`` as
-    :func:`~b12x.comm.pcie.allreduce.prepare_declarations` does: routed is
-    ``[(invocation, plan)]`` in declaration order (equal declarations share a
-    plan), declined is ``[(invocation, why)]``.
-    """
-    routed, declined = _core.allreduce_prepare(
-        invocations, world, limits, multiprocessors, twoshot_push
-    )
-    index.rebuild(routed)
-    return routed, declined
+#: ``route(operation, shape, dtype, strides, world, limits)``: ``(route, "")``
+#: with route "oneshot", "oneshot_fused" or "twoshot", or ``(None, why)``
+#: when a declaration of that kind declines to NCCL (spec §5.2; b12x-core).
+route = _core.allreduce_route
 
 
 class DeclaredPlans:
-    """The declarations of a group of ``world`` ranks under ``limits``, without a runtime.
+    """The declarations of a group of ``world`` ranks under ``limits``.
 
-    It answers to the declared half of :class:`~b12x.comm.pcie.AllReduce`
-    under the same names (``declare``, ``declared_plans``, ``index``,
-    ``has_plan_for``, ``plan_for``, ``admit``), so a caller treats both alike;
-    ``admit`` always declines, as nothing runs here. ``multiprocessors`` sizes
-    the plans' grids (there is no device to ask; routing does not depend on
-    it) and ``twoshot_push`` picks their two-shot transport.
+    ``multiprocessors`` sizes the plans' grids (routing does not depend on
+    it) and ``twoshot_push`` picks their two-shot transport. Lookups are the
+    index's own methods: ``has_plan_for(tensor, operation=None, weight=None,
+    epsilon=None)`` (True when a routed declaration has this call's exact
+    key; never raises) and ``plan_for(...)`` (its plan, or
+    :class:`~b12x.errors.UndeclaredPlanError`).
     """
 
     def __init__(
@@ -69,28 +53,31 @@ class DeclaredPlans:
         multiprocessors: int = 1,
         twoshot_push: bool = False,
     ) -> None:
+        if not isinstance(limits, Limits):
+            raise ConfigError(
+                "DeclaredPlans: limits expected a b12x.comm.pcie.Limits, "
+                f"got {type(limits).__name__}"
+            )
         self.world_size = world
         self.limits = limits
         self.multiprocessors = multiprocessors
         self.twoshot_push = twoshot_push
         self.index = DeclaredPlanIndex()
+        # the index's own methods: a lookup costs one native call
+        self.has_plan_for = self.index.has_plan_for
+        self.plan_for = self.index.plan_for
 
     def declare(self, invocations: Iterable[Declaration]) -> list[tuple[Declaration, str]]:
-        """Routes and prepares ``invocations``; replaces earlier declarations.
-        Returns the declined ``(invocation, why)``."""
-        if not isinstance(self.limits, Limits):
-            raise ConfigError(
-                "DeclaredPlans.declare: limits expected a b12x.comm.pcie.Limits, "
-                f"got {type(self.limits).__name__}"
-            )
-        _, declined = declare_plans(
-            self.index,
-            invocations,
-            self.world_size,
-            self.limits,
-            self.multiprocessors,
-            self.twoshot_push,
+        """Routes and prepares ``invocations`` (equal declarations share one
+        plan) and replaces every earlier declaration with the routed ones in
+        one step, so a concurrent lookup sees the old declarations or the new
+        ones. Returns the declined ``(invocation, why)``."""
+        routed, declined = _core.allreduce_prepare(
+            invocations, self.world_size, self.limits, self.multiprocessors, self.twoshot_push
         )
+        self.index.rebuild(routed)
+        for inv, why in declined:
+            log.debug("b12x IPC all-reduce declines %s: %s", getattr(inv, "name", inv), why)
         return declined
 
     def clear(self) -> None:
@@ -103,38 +90,9 @@ class DeclaredPlans:
         pairs: list[tuple[Declaration, AllReducePlan]] = self.index.declared()
         return pairs
 
-    def has_plan_for(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-    ) -> bool:
-        """True when a routed declaration has this call's exact key; never raises."""
-        return self.index.has_plan_for(inp, operation, weight, epsilon)
-
-    def plan_for(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-    ) -> AllReducePlan:
-        """The declared plan of this call; raises UndeclaredPlanError if none."""
-        plan: AllReducePlan = self.index.plan_for(inp, operation, weight, epsilon)
-        return plan
-
-    def admit(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-        residual: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> AllReducePlan | None:
-        """None: without a runtime no call runs here."""
-        return None
+    def routes(self) -> dict[str, str]:
+        """The route of every routed declaration, by name."""
+        return {inv.name: plan.route for inv, plan in self.declared_plans}
 
     def __len__(self) -> int:
         """Distinct declared keys."""

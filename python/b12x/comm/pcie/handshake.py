@@ -1,4 +1,5 @@
-"""Collective set-up and teardown of the IPC all-reduce.
+"""Collective set-up and teardown of the IPC all-reduce: the constructor's
+arguments and knobs checked (:func:`read_settings`), then the steps.
 
 Every rank of the group runs the same steps in the same order. Each step
 that can fail on one rank ends with an all-rank exchange of failure flags
@@ -15,16 +16,84 @@ import hashlib
 import logging
 import socket
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from b12x import _core
+from b12x.comm.pcie import knobs
 from b12x.comm.pcie.knobs import ENV_FAIL_SETUP_RANK, Limits
+from b12x.cuda import device_index
+from b12x.errors import ConfigError, DeviceError
 
-__all__ = ["Handshake", "close_runtime", "comm_device", "host_id", "open_runtime"]
+__all__ = [
+    "Handshake",
+    "Settings",
+    "close_runtime",
+    "comm_device",
+    "cuda_device",
+    "environment_error",
+    "host_id",
+    "open_runtime",
+    "read_settings",
+]
 
 log = logging.getLogger("b12x.comm.pcie")
+
+DeviceLike = torch.device | str | int
+
+
+def cuda_device(device: DeviceLike | None) -> torch.device:
+    """The CUDA device of ``device`` (:func:`b12x.cuda.device_index`'s grammar;
+    None or a bare ``"cuda"``: torch's current device, cuda:0 without CUDA so
+    the set-up can decline); a malformed one is a DeviceError naming AllReduce."""
+    return torch.device("cuda", device_index(device, op="AllReduce"))
+
+
+class Settings(NamedTuple):
+    device: torch.device
+    limits: Limits
+    timeout_ns: int
+    twoshot_push: bool | None  # None: auto, decided collectively
+    fail_rank: int | None
+
+
+def read_settings(
+    device: DeviceLike | None,
+    limits: Limits | None,
+    timeout_s: float | None,
+    twoshot_push: bool | None,
+) -> Settings:
+    """Every argument and knob of the constructor, checked (B12xError on a bad one)."""
+    if limits is not None and not isinstance(limits, Limits):
+        raise ConfigError(
+            f"AllReduce: limits expected a b12x.comm.pcie.Limits, got {type(limits).__name__}"
+        )
+    return Settings(
+        device=cuda_device(device),
+        limits=Limits.from_env() if limits is None else limits,
+        timeout_ns=knobs.timeout_ns(timeout_s),
+        twoshot_push=knobs.twoshot_push(twoshot_push),
+        fail_rank=knobs.fail_setup_rank(),
+    )
+
+
+def environment_error(world: int, ordinal: int) -> Exception | None:
+    """Why this rank cannot run the all-reduce here, if it cannot."""
+    try:
+        _core.allreduce_check_world(world)
+        if not _core.driver_present():
+            raise RuntimeError("no CUDA driver")
+        count = _core.device_count()
+        if ordinal >= count:
+            raise DeviceError(
+                f"AllReduce: device expected one of the {count} visible, got cuda:{ordinal}"
+            )
+    except Exception as e:
+        return e
+    return None
+
 
 # Width of a PCI bus id on the wire ("0000:19:00.0" is 12 bytes).
 _BUS_ID_BYTES = 32
@@ -109,16 +178,7 @@ def open_runtime(
     slabs, agreeing after each step: ``(runtime, None)`` on every rank, or
     ``(None, why)`` on every rank with nothing left allocated."""
     # the contract: every rank on one host, with the same limits and settings
-    contract = [
-        host_id(),
-        hs.world,
-        limits.oneshot_max,
-        limits.fused_max,
-        limits.twoshot_max,
-        limits.twoshot_row_elems,
-        timeout_ns,
-        int(twoshot_push),
-    ]
+    contract = [host_id(), hs.world, *limits.as_tuple(), timeout_ns, int(twoshot_push)]
     theirs = hs.gather_ints(contract)
     error: BaseException | None = None
     if any(t != theirs[0] for t in theirs):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from b12x._core import DeclaredPlanIndex, invocation_key
 
 if TYPE_CHECKING:
-    from b12x.comm.pcie.allreduce import Declaration
+    from b12x.comm.pcie.invocation import Declaration
 
 __all__ = ["DeclaredPlanIndex", "plan_key"]
 

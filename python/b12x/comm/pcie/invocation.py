@@ -1,10 +1,12 @@
-"""The declared invocation record of a PCIe collective, and the names of
-its two operations (their one home: every other module imports them)."""
+"""The declared invocation record of a PCIe collective, what declaring reads
+of one (:class:`Declaration`), and the names of its two operations (their one
+home: every other module imports them)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Final, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final, Literal, Protocol
 
 from b12x import _core
 
@@ -18,6 +20,29 @@ FUSED: Final = "all_reduce_fused_add_rms_norm"
 ALL_REDUCE: Final = PLAIN
 ALL_REDUCE_FUSED_ADD_RMS_NORM: Final = FUSED
 Operation = Literal["all_reduce", "all_reduce_fused_add_rms_norm"]
+
+
+class Declaration(Protocol):
+    """What declaring reads of a declared invocation (:class:`Invocation`
+    has it all): routing reads the operation, shape, dtype and strides; the
+    index the rest of its key."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[int]: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def strides(self) -> Sequence[int] | None: ...
+    @property
+    def input_alignment(self) -> int: ...
+    @property
+    def norm_weight(self) -> torch.Tensor | None: ...
+    @property
+    def epsilon(self) -> float | None: ...
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

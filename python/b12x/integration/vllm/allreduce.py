@@ -1,27 +1,27 @@
 """The PCIe all-reduce adapter for vLLM's tensor-parallel group.
 
-It sits where vLLM's custom all-reduce sits and keeps its method names
-(``should_custom_ar``, ``custom_all_reduce``, ``all_reduce``, ``capture``,
-``close``, ``disabled``). Every live call either finds a declared, prepared
-plan in constant time or declines (``False`` / ``None``) so vLLM falls through
-to the next backend (NCCL):
+It sits where vLLM's custom all-reduce sits and answers to what vLLM calls
+on its ``CustomAllreduce`` (``disabled``, ``should_custom_ar``,
+``custom_all_reduce``, ``custom_all_gather``, ``custom_reduce_scatter``,
+``all_reduce``, ``capture``, ``close``). Every live call either is admitted on
+a declared, prepared plan in constant time or declines (``False`` / ``None``)
+so vLLM falls through to the next backend (NCCL):
 
 1. **Declare.** Model layers register *describers* (``describe(workload) ->
    [Invocation, ...]``); owners are held weakly and re-registering an owner
    replaces its describer. :meth:`PcieAllReduce.prepare` collects every
-   declaration (duplicate names are an error) and hands them to the runtime
-   (:class:`b12x.comm.pcie.AllReduce`), which routes each one by size
+   declaration (duplicate names are an error) and declares them in the
+   runtime's :class:`~b12x.comm.pcie.DeclaredPlans`
+   (:attr:`b12x.comm.pcie.AllReduce.plans`), which routes each one by size
    (one-shot, fused one-shot, two-shot, or none), prepares one plan per
    distinct declaration and indexes them. The adapter keeps no index of its
    own.
-2. **Admit.** :meth:`admit` (behind :meth:`should_custom_ar` and
-   :meth:`try_fused_add_rms_norm`) is one call into the runtime's Rust
-   admission: the exact-key lookup (operation, shape, dtype, address
-   strides, norm weight identity and epsilon), then what the key cannot fix
-   (device, 16-byte addresses, the fused call's other operands); anything
-   else declines.
-3. **Run** the admitted plan (``plan=``) through the runtime on torch's
-   current stream (the capture stream inside a CUDA graph capture).
+2. **Admit** once per call: :attr:`PcieAllReduce.admit` is the runtime's own
+   (one native call: one metadata read, the exact-key lookup, one bind by
+   b12x-core). :meth:`should_custom_ar` keeps the admitted call for the
+   :meth:`custom_all_reduce` vLLM makes next on the same tensor.
+3. **Run** the admitted call (``call.run()``) on torch's current stream (the
+   capture stream inside a CUDA graph capture).
 
 Inside vLLM, :class:`~b12x.integration.vllm.communicator.B12xCustomAllreduce`
 builds this adapter from vLLM's own call and registers a describer derived from
@@ -29,11 +29,11 @@ the vLLM config (:mod:`b12x.integration.vllm.declarations`), so nothing in the
 model declares anything.
 
 Routing limits are the runtime's (:class:`b12x.comm.pcie.Limits`, from the
-``VLLM_PCIE_*`` environment knobs unless given). Without a live runtime (no
-process group, CPU only, or one that disabled itself) declarations go to a
-:class:`b12x.comm.pcie.DeclaredPlans` under those limits instead, the same
-routing and index, so :meth:`has_plan_for` answers, but nothing executes and
-every admission declines.
+``B12X_ALLREDUCE_*`` environment knobs unless given). Without a live runtime
+(no process group, CPU only, or one that disabled itself) declarations go to
+a :class:`b12x.comm.pcie.DeclaredPlans` under those limits instead, the same
+routing and index, so ``plans.has_plan_for`` answers, but nothing executes
+and every admission declines.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -48,7 +49,8 @@ from typing import Any
 
 import torch
 
-from b12x.comm.pcie import FUSED, PLAIN, AllReduce, AllReducePlan, DeclaredPlans, Limits
+from b12x.comm.pcie import FUSED, PLAIN, AllReduce, AllReduceCall, DeclaredPlans, Limits
+from b12x.comm.pcie.allreduce import decline
 from b12x.errors import ConfigError
 
 __all__ = [
@@ -70,11 +72,6 @@ def _log_once(level: int, message: str, *args: Any) -> None:
     if text not in _logged:
         _logged.add(text)
         logger.log(level, text)
-
-
-def _build_runtime(group: Any, device: Any, limits: Any) -> Any:
-    """Builds the IPC runtime collectively over ``group`` (every rank calls this)."""
-    return AllReduce(group, device=device, limits=limits)
 
 
 # --- the fused fallback ---------------------------------------------------------------
@@ -124,17 +121,43 @@ class PcieAllReduce:
     world_size
         Ranks in the group; defaults to the runtime's or the group's size.
     runtime
-        An already-built runtime to use instead of building one.
+        An already-built runtime (:class:`b12x.comm.pcie.AllReduce`) to use
+        instead of building one.
     limits
         Route byte ceilings (:class:`b12x.comm.pcie.Limits`); default
         ``Limits.from_env(env)``.
     env
         Where the limits are read from (default ``os.environ``).
+    fallback
+        A custom all-reduce that takes what b12x declines (vLLM's own
+        ``CustomAllreduce``, in vLLM's slot): its answer for every call b12x
+        does not run, its all-gather and reduce-scatter, its capture and close.
+    **vllm_options
+        What vLLM and the voipmonitor fork pass their custom all-reduce
+        besides ``group`` and ``device`` (``device_group``, ``max_size``,
+        ``symm_mem_enabled``, ``register_graph_buffers``, ...): accepted, unused.
 
-    If the runtime cannot be built or disables itself, so does the adapter
-    (logged once per reason, no exception): every admission declines to the
-    next backend.
+    If the runtime cannot be built or disables itself, b12x declines every
+    call (logged once per reason, no exception) and the fallback, if any,
+    takes them. Dropping the adapter closes it, as vLLM's own
+    ``CustomAllreduce`` closes in ``__del__``.
+
+    Attributes
+    ----------
+    runtime
+        The live :class:`b12x.comm.pcie.AllReduce`, or None (declined, closed).
+    disabled
+        True when nothing runs here: no live runtime and no live fallback
+        (what vLLM checks before asking ``should_custom_ar``).
+    plans
+        The declared plans (the runtime's, if live).
+    admit
+        The runtime's admission (:attr:`b12x.comm.pcie.AllReduce.admit`):
+        ``admit(inp, operation=PLAIN, weight=None, epsilon=None,
+        residual=None, out=None)`` is the call if it runs on b12x, else None.
     """
+
+    admit: Callable[..., AllReduceCall | None]
 
     def __init__(
         self,
@@ -142,47 +165,50 @@ class PcieAllReduce:
         device: Any = None,
         *,
         world_size: int | None = None,
-        runtime: Any = None,
-        limits: Any = None,
+        runtime: AllReduce | None = None,
+        limits: Limits | None = None,
         env: Mapping[str, str] | None = None,
+        fallback: Any = None,
+        **vllm_options: Any,
     ) -> None:
+        self.runtime: AllReduce | None = None  # until built: close() has nothing to release
+        self.fallback = fallback
         self.device = torch.device(device) if device is not None else None
         if self.device is not None and self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        if limits is None and runtime is None:
-            limits = Limits.from_env(env)
+        if limits is None:
+            limits = runtime.limits if runtime is not None else Limits.from_env(env)
         if world_size is None:
             if runtime is not None:
-                world_size = int(runtime.world_size)
+                world_size = runtime.world_size
             elif group is not None:
                 world_size = int(group.size())
             else:
                 world_size = 1
         self.world_size = world_size
-        self.limits = limits if limits is not None else getattr(runtime, "limits", None)
+        self.limits = limits
         self._describers: list[list[Any]] = []
-        self._capturing = False
+        self._pending: tuple[torch.Tensor, AllReduceCall | None] | None = None
         if runtime is None and group is not None:
             try:
-                runtime = _build_runtime(group, self.device, self.limits)
+                runtime = AllReduce(group, device=self.device, limits=limits)
             except Exception as e:  # the runtime agrees its verdict over the group itself
                 _log_once(logging.WARNING, "b12x PCIe all-reduce disabled: %s", e)
                 runtime = None
-        self.runtime = runtime
-        self.disabled = runtime is None or not runtime.enabled
-        if runtime is not None and self.disabled:
-            _log_once(
-                logging.WARNING,
-                "b12x PCIe all-reduce disabled: %s",
-                getattr(runtime, "disabled_reason", None),
-            )
-        # Where declarations go and admissions are made: the live runtime
-        # itself, else a routing-only set under the same limits.
-        self._declared: Any = runtime if not self.disabled else self._routing_only()
+        if runtime is not None and not runtime.enabled:
+            _log_once(logging.WARNING, "b12x PCIe all-reduce disabled: %s", runtime.disabled_reason)
+            runtime = None
+        self._use(runtime)
 
-    def _routing_only(self) -> DeclaredPlans:
-        limits = self.limits if self.limits is not None else Limits()
-        return DeclaredPlans(self.world_size, limits)
+    def _use(self, runtime: AllReduce | None) -> None:
+        """Declarations and admissions go to ``runtime``'s, else a routing-only set."""
+        self.runtime = runtime
+        self.plans = runtime.plans if runtime is not None else DeclaredPlans(
+            self.world_size, self.limits
+        )  # fmt: skip
+        self.admit = runtime.admit if runtime is not None else decline
+        fallback = self.fallback
+        self.disabled = runtime is None and (fallback is None or bool(fallback.disabled))
 
     # --- describers and declaration ------------------------------------------------------
 
@@ -241,108 +267,60 @@ class PcieAllReduce:
         if getattr(workload, "stage", "weights") != "weights":
             return {}
         self.declare(self.collect(workload))
-        return self._routes
+        return self.plans.routes()
 
     def declare(self, invocations: Sequence[Any]) -> None:
-        """Hands ``invocations`` to the runtime, which routes them, prepares
-        plans (equal declarations share one) and replaces its index snapshot.
-        Without a live runtime they are routed the same way and indexed, for
-        :meth:`has_plan_for`."""
-        self._declared.declare(list(invocations))
+        """Declares ``invocations`` in the runtime (without one: in the routing-only
+        plans): routed, prepared (equal declarations share one plan) and indexed
+        as one snapshot; the declined ones decline at run time."""
+        (self.runtime or self.plans).declare(invocations)
 
-    @property
-    def declared_plans(self) -> list[tuple[Any, AllReducePlan]]:
-        """(invocation, plan) of every routed declaration, in declaration order."""
-        return list(self._declared.declared_plans)
-
-    # The declared plans by declaration name (the reference adapter's names).
-    @property
-    def _routes(self) -> dict[str, str]:
-        return {inv.name: plan.route for inv, plan in self._declared.declared_plans}
-
-    @property
-    def _plans(self) -> dict[str, Any]:
-        return {inv.name: plan for inv, plan in self._declared.declared_plans}
-
-    @property
-    def _invocations(self) -> dict[str, Any]:
-        return {inv.name: inv for inv, _ in self._declared.declared_plans}
-
-    @property
-    def _index(self) -> Any:
-        """The one index of the declared plans (the runtime's, if live)."""
-        return self._declared.index
-
-    # --- lookups -------------------------------------------------------------------------
-
-    def has_plan_for(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-    ) -> bool:
-        """Whether ``inp`` matches a declared, routed plan. Never raises."""
-        return self._declared.has_plan_for(inp, operation, weight, epsilon)
-
-    def plan_for(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-    ) -> Any:
-        """The declared plan for ``inp``.
-
-        Raises
-        ------
-        b12x.errors.UndeclaredPlanError
-            (a RuntimeError) If nothing matching was declared; the message
-            names the operation, shape, dtype and strides.
-        """
-        return self._declared.plan_for(inp, operation, weight, epsilon)
-
-    _has_plan_for = has_plan_for  # the reference adapter's names
-    _plan_for = plan_for
-
-    # --- admission and dispatch ---------------------------------------------------------
-
-    def admit(
-        self,
-        inp: torch.Tensor,
-        operation: str = PLAIN,
-        weight: torch.Tensor | None = None,
-        epsilon: float | None = None,
-        residual: torch.Tensor | None = None,
-        out: torch.Tensor | None = None,
-    ) -> Any:
-        """The declared plan of this call if it runs on b12x, else None; never raises.
-
-        One call into the runtime's admission (:meth:`b12x.comm.pcie.AllReduce.admit`):
-        the exact-key lookup, then device, 16-byte alignment and, for
-        :data:`FUSED`, ``residual``, ``weight`` and ``out`` (None: in place).
-        Pass the plan on (``plan=``) so the run does not look it up again.
-        """
-        plan: Any = self._declared.admit(inp, operation, weight, epsilon, residual, out)
-        return plan
+    # --- what vLLM calls -----------------------------------------------------------------
 
     def should_custom_ar(self, inp: torch.Tensor) -> bool:
-        """True when :meth:`custom_all_reduce` will take ``inp`` (declared, on a route)."""
-        return self.admit(inp) is not None
+        """True when :meth:`custom_all_reduce` will take ``inp`` (b12x's
+        admission, else the fallback's answer). The admitted call (or the
+        refusal) is kept for the next call on the same tensor, the one vLLM
+        makes right after: one admission per all-reduce."""
+        call = self.admit(inp)
+        if call is not None:
+            self._pending = (inp, call)
+            return True
+        taken = self.fallback is not None and bool(self.fallback.should_custom_ar(inp))
+        self._pending = (inp, None) if taken else None  # nothing kept past a decline
+        return taken
 
-    def custom_all_reduce(self, inp: torch.Tensor, *, plan: Any = None) -> torch.Tensor | None:
-        """The all-reduced ``inp`` (a new tensor), or None to decline to the next backend.
+    def custom_all_reduce(self, inp: torch.Tensor) -> torch.Tensor | None:
+        """The all-reduced ``inp`` (a new tensor): b12x's, else the fallback's,
+        else None to decline to vLLM's next backend.
 
-        ``plan``: what :meth:`admit` returned for ``inp``, when the caller already
-        admitted it; None admits here.
+        Uses what :meth:`should_custom_ar` admitted for this very tensor (no
+        second admission), else admits here.
         """
-        runtime = self.runtime
-        if plan is None:
-            plan = self.admit(inp)
-        if plan is None or runtime is None:
-            return None
-        out: torch.Tensor = runtime.all_reduce(inp, plan=plan)
-        return out
+        pending, self._pending = self._pending, None
+        call = pending[1] if pending is not None and pending[0] is inp else self.admit(inp)
+        if call is not None:
+            out: torch.Tensor = call.run()
+            return out
+        return None if self.fallback is None else self.fallback.custom_all_reduce(inp)
+
+    def custom_all_gather(self, inp: torch.Tensor) -> torch.Tensor | None:
+        """The fallback's all-gather; None (b12x has none) to decline to vLLM's next backend."""
+        return None if self.fallback is None else self.fallback.custom_all_gather(inp)
+
+    def custom_reduce_scatter(self, inp: torch.Tensor) -> torch.Tensor | None:
+        """The fallback's reduce-scatter; None (b12x has none) to decline."""
+        return None if self.fallback is None else self.fallback.custom_reduce_scatter(inp)
+
+    @property
+    def fully_connected(self) -> bool:
+        """The fallback's flag (vLLM's model code reads it to pick its custom all-gather)."""
+        return bool(getattr(self.fallback, "fully_connected", False))
+
+    @property
+    def mnnvl_lamport_ag_multicast_ptr(self) -> int:
+        """The fallback's multicast buffer (DeepSeek V4.1's fused mHC all-reduce gates on it)."""
+        return int(getattr(self.fallback, "mnnvl_lamport_ag_multicast_ptr", 0))
 
     def all_reduce(self, inp: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """All-reduces ``inp`` on its declared plan into ``out`` (default: a new tensor).
@@ -353,11 +331,9 @@ class PcieAllReduce:
             If ``inp`` was not declared; :class:`b12x.errors.ConfigError` when
             the adapter is disabled.
         """
-        if self.disabled:
+        if self.runtime is None:
             raise ConfigError("PcieAllReduce.all_reduce: runtime expected enabled, got disabled")
-        plan = self.plan_for(inp)  # the precise error for an undeclared call
-        result: torch.Tensor = self.runtime.all_reduce(inp, out, plan=plan)
-        return result
+        return self.runtime.all_reduce(inp, out)
 
     def supports_fused_add_rms_norm(self) -> bool:
         """Whether fused calls can be offered at all (the probe vLLM code gates on).
@@ -365,7 +341,7 @@ class PcieAllReduce:
         True while the runtime is enabled and the fused route has a nonzero
         ceiling; each call is still admitted only on a declared plan.
         """
-        return not self.disabled and self.limits is not None and self.limits.fused_max > 0
+        return self.runtime is not None and self.limits.fused_max > 0
 
     def try_fused_add_rms_norm(
         self,
@@ -382,10 +358,10 @@ class PcieAllReduce:
         in place; else a tensor like ``inp``, not aliasing it). On False
         nothing was touched and the caller runs its fallback.
         """
-        plan = self.admit(inp, FUSED, weight, epsilon, residual, out)
-        if plan is None:
+        call = self.admit(inp, FUSED, weight, epsilon, residual, out)
+        if call is None:
             return False
-        self.runtime.fused_add_rms_norm(inp, residual, weight, epsilon, out, plan=plan)
+        call.run()
         return True
 
     def fused_all_reduce_add_rms_norm(
@@ -413,36 +389,46 @@ class PcieAllReduce:
         """Context around a CUDA graph capture; never refuses to open.
 
         vLLM enters it (``ca_comm.capture()``) for every TP group at every
-        graph capture, declared or not. With nothing declared (or no runtime)
-        it is a no-op and every captured call declines to the next backend.
+        graph capture, declared or not; the fallback's capture is entered
+        too. With nothing declared (or no runtime) b12x's part is a no-op and
+        every captured call declines to the fallback or vLLM's next backend.
         ``stream``: the capture stream (default: torch's current one, which
-        vLLM has already set); kernels launch on it. The previous state comes
-        back on exit, also when the body raises.
+        vLLM has already set); kernels launch on it.
         """
-        if self.disabled or len(self._index) == 0:
-            if not self.disabled:
+        runtime = self.runtime
+        with contextlib.ExitStack() as scope:
+            if self.fallback is not None:
+                scope.enter_context(self.fallback.capture())
+            if runtime is not None and len(self.plans) > 0:
+                if stream is not None:
+                    scope.enter_context(torch.cuda.stream(stream))
+                scope.enter_context(runtime.capture())
+            elif runtime is not None:
                 _log_once(
                     logging.INFO,
                     "b12x all-reduce: nothing declared at graph capture; captured "
                     "all-reduces run on vLLM's own backends",
                 )
             yield
-            return
-        previous = self._capturing
-        self._capturing = True
-        try:
-            with contextlib.ExitStack() as scope:
-                if stream is not None:
-                    scope.enter_context(torch.cuda.stream(stream))
-                scope.enter_context(self.runtime.capture())
-                yield
-        finally:
-            self._capturing = previous
 
     def close(self) -> None:
-        """Releases the runtime and forgets every declaration; idempotent."""
-        if self.runtime is not None:
-            self.runtime.close()
-            self.runtime = None
-        self.disabled = True
-        self._declared = self._routing_only()
+        """Releases the runtime and the fallback and forgets every declaration; idempotent."""
+        runtime, fallback = self.runtime, self.fallback
+        self.fallback, self._pending = None, None
+        self._use(None)
+        if runtime is not None:
+            runtime.close()
+        if fallback is not None:
+            fallback.close()
+
+    def __del__(self) -> None:
+        # As vLLM's own CustomAllreduce: dropping the adapter releases its runtime.
+        # Closing is collective: at interpreter exit the peers may be gone already,
+        # and the process's exit releases everything anyway. A half-built
+        # adapter (its constructor raised) has nothing to release.
+        if sys.is_finalizing() or not hasattr(self, "plans"):
+            return
+        try:
+            self.close()
+        except Exception as e:  # never raise from a finalizer
+            logger.warning("b12x PCIe all-reduce: close at teardown failed: %s", e)

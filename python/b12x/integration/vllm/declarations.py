@@ -91,27 +91,30 @@ class AutoDeclarations:
             )
             for n in shapes.token_counts(row, plain_max)
         ]
-        # (data_ptr, device, dtype, shape, strides, epsilon) -> (declared weight, invocations)
-        self._norms: dict[tuple[Any, ...], tuple[torch.Tensor, list[Any]]] = {}
+        # (data_ptr, device, dtype, shape, strides, epsilon)
+        #   -> (declared weight, its invocations, most rows declared)
+        self._norms: dict[tuple[Any, ...], tuple[torch.Tensor, list[Any], int]] = {}
         self.pending = False  # norms added since the owner last declared
 
     def describe(self, workload: Any = None) -> list[Any]:
         """Every declaration: the plain all-reduces, then each norm's fused ones."""
-        return self._plain + [inv for _, invs in self._norms.values() for inv in invs]
+        return self._plain + [inv for _, invs, _ in self._norms.values() for inv in invs]
 
     @property
     def norm_count(self) -> int:
         return len(self._norms)
 
-    def norm(self, weight: torch.Tensor, epsilon: float) -> tuple[torch.Tensor | None, bool]:
-        """The declared weight for ``(weight, epsilon)`` and whether it is new
-        (a new one also sets :attr:`pending` until the owner declares again).
+    def norm(self, weight: torch.Tensor, epsilon: float) -> tuple[torch.Tensor, int] | None:
+        """``(declared weight, most rows declared)`` for ``(weight, epsilon)``
+        (a call with more rows, e.g. vLLM's profile run, cannot run fused); a
+        new weight is recorded and sets :attr:`pending` until the owner
+        declares again.
 
         Declarations match a weight by object identity, but vLLM hands the
         norm's ``weight.data`` (a new alias each time), so a weight is found
         by its storage and the first object seen stands for it from then on.
-        Returns ``(None, False)`` when the weight cannot be declared (not a
-        1-D row of the model dtype, or :data:`MAX_NORMS` reached).
+        None when the weight cannot be declared (not a 1-D row of the model
+        dtype, or :data:`MAX_NORMS` reached).
         """
         key = (
             weight.data_ptr(),
@@ -123,7 +126,7 @@ class AutoDeclarations:
         )
         found = self._norms.get(key)
         if found is not None:
-            return found[0], False
+            return found[0], found[2]
         if (
             weight.ndim != 1
             or weight.dtype != self.shapes.dtype
@@ -131,7 +134,7 @@ class AutoDeclarations:
             or epsilon < 0
             or len(self._norms) >= MAX_NORMS
         ):
-            return None, False
+            return None
         hidden = weight.shape[0]
         index = len(self._norms)
         counts = self.shapes.token_counts(hidden * weight.element_size(), self.limits.fused_max)
@@ -146,6 +149,6 @@ class AutoDeclarations:
             )
             for n in counts
         ]
-        self._norms[key] = (weight, invocations)
+        self._norms[key] = (weight, invocations, counts[-1] if counts else 0)
         self.pending = True
-        return weight, True
+        return weight, self._norms[key][2]

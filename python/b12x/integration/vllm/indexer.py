@@ -34,6 +34,7 @@ from typing import Any, cast
 
 import torch
 
+from b12x import _core
 from b12x.attention.dsa_indexer import INDEX_HEAD_DIM as HEAD_DIM
 from b12x.attention.dsa_indexer import PAGED_INDEX_PAGE_SIZE as PAGE_SIZE
 from b12x.errors import (
@@ -56,10 +57,11 @@ __all__ = [
     "require_indexer_module",
 ]
 
-_SCALE_BYTES = 4
-_ROW_BYTES = HEAD_DIM + _SCALE_BYTES  # 132: vLLM allocates [blocks, 64, 132] uint8
-PAGE_BYTES = PAGE_SIZE * _ROW_BYTES  # 8448: planar FP8 rows then fp32 scales
-PREFILL_ROUTE = "packed_contiguous"
+# b12x-core's facts: vLLM allocates [blocks, 64, 132] uint8 (planar FP8 rows
+# then fp32 scales) and b12x's prefill plans report this route name
+_ROW_BYTES = _core.INDEXER_ROW_BYTES
+PAGE_BYTES = _core.INDEXER_PAGE_BYTES
+PREFILL_ROUTE = _core.INDEXER_PREFILL_ROUTE
 #: K rows per token: 1 for DeepSeek V3.2 / GLM DSA, 4 for DeepSeek V4 C4 layers.
 COMPRESS_RATIOS = (1, 4)
 _MODULE_NAMES = ("Caps", "plan", "bind", "run", "is_supported", "PAGED_INDEX_PAGE_SIZE")

@@ -10,12 +10,13 @@ classes and plugs into the seams vLLM's models already have:
   ``_get_attn_cls`` and :class:`B12xDeepseekV4IndexerCache` from
   ``_get_cache_cls``.
 * **DeepSeek V3.2 / GLM DSA** build ``DeepseekV32Attention.indexer_cls`` and
-  then, inside it, the module-level ``SparseAttnIndexer`` of
-  ``vllm.models.deepseek_v32.attention``; the attention calls that module's
-  ``sparse_attn_indexer`` function directly. :func:`make_v32_op_factory` builds
-  b12x's op for a b12x cache (and vLLM's otherwise, which also keeps vLLM's
-  DeepGEMM requirement away from b12x layers); :func:`make_v32_dispatcher`
-  hands a layer b12x owns to its op and every other call to vLLM's function.
+  then, inside it, vLLM's ``SparseAttnIndexer`` custom op; the attention calls
+  ``sparse_attn_indexer`` of ``vllm.models.deepseek_v32.attention`` directly.
+  :class:`B12xSparseAttnIndexer` is registered out of tree in its place
+  (``CustomOp.register_oot``): b12x's op for a b12x cache, vLLM's own for
+  every other (which also keeps vLLM's DeepGEMM requirement away from b12x
+  layers); :func:`make_v32_dispatcher` hands a layer b12x owns to its op and
+  every other call to vLLM's function.
 * Each cache names its backend (``get_attn_backend``), each backend its
   metadata builder: :class:`B12xIndexerMetadataBuilder` is vLLM's builder
   with decode rows flattened to one row per token (graph-capturable for any
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
 from vllm.models.deepseek_v4.attention import DeepseekV4Indexer, DeepseekV4IndexerCache
 from vllm.models.deepseek_v32.attention import DeepseekV32Indexer
@@ -49,10 +52,10 @@ __all__ = [
     "B12xDeepseekV32IndexerBackend",
     "B12xDeepseekV32IndexerCache",
     "B12xIndexerMetadataBuilder",
+    "B12xSparseAttnIndexer",
     "make_v4_indexer_cls",
     "make_v32_dispatcher",
     "make_v32_indexer_cls",
-    "make_v32_op_factory",
     "v32_ops",
 ]
 
@@ -153,7 +156,7 @@ class B12xDeepseekV4Indexer(DeepseekV4Indexer):
 
 class B12xDeepseekV32Indexer(DeepseekV32Indexer):
     """DeepSeek V3.2's indexer with b12x's cache backend; its op comes from
-    :func:`make_v32_op_factory` (installed as the module's ``SparseAttnIndexer``)."""
+    :class:`B12xSparseAttnIndexer` (registered out of tree as ``SparseAttnIndexer``)."""
 
     indexer_cache_cls = B12xDeepseekV32IndexerCache
 
@@ -190,24 +193,34 @@ def make_v32_indexer_cls(vllm_cls: type, accept: Callable[[Any], bool]) -> Calla
     return indexer_cls
 
 
-def make_v32_op_factory(vllm_cls: type) -> Callable[..., Any]:
-    """The V3.2 module's ``SparseAttnIndexer``: b12x's op for a b12x cache.
+class B12xSparseAttnIndexer(SparseAttnIndexer):
+    """vLLM's ``SparseAttnIndexer`` as b12x registers it out of tree.
 
-    Called with vLLM's arguments (``k_cache, quant_block_size, scale_fmt,
+    Built with vLLM's arguments (``k_cache, quant_block_size, scale_fmt,
     topk_tokens, head_dim, max_model_len, max_total_seq_len,
-    topk_indices_buffer``); V3.2's fused kernel writes the index K cache
-    itself and its K rows are tokens (``compress_ratio=1``).
+    topk_indices_buffer, ...``). For a b12x index cache it holds b12x's op
+    (``self.b12x``, a :class:`C4SparseIndexer`; V3.2's fused kernel writes the
+    index K cache itself and its K rows are tokens, ``compress_ratio=1``) and
+    never runs vLLM's set-up (which needs DeepGEMM); for any other cache it is
+    exactly vLLM's own op.
     """
 
-    def sparse_attn_indexer_cls(k_cache: Any, *args: Any, **kwargs: Any) -> Any:
+    def __init__(self, k_cache: Any, *args: Any, **kwargs: Any) -> None:
+        self.b12x: C4SparseIndexer | None = None
         if not isinstance(k_cache, B12xDeepseekV32IndexerCache):
-            return vllm_cls(k_cache, *args, **kwargs)
+            super().__init__(k_cache, *args, **kwargs)
+            return
+        CustomOp.__init__(self)
+        self.k_cache = k_cache
+        self.topk_backend = C4SparseIndexer.topk_backend  # V3.2's attention passes it on
         options = {"skip_k_cache_insert": True, "compress_ratio": 1, **kwargs}
-        op = C4SparseIndexer(k_cache, *args, **options)
-        _V32_OPS[str(k_cache.prefix)] = op
-        return op
+        self.b12x = C4SparseIndexer(k_cache, *args, **options)
+        _V32_OPS[str(k_cache.prefix)] = self.b12x
 
-    return sparse_attn_indexer_cls
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self.b12x is not None:
+            return self.b12x(*args, **kwargs)
+        return super().forward(*args, **kwargs)
 
 
 def make_v32_dispatcher(vllm_fn: Callable[..., Any]) -> Callable[..., Any]:

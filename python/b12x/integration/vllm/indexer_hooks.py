@@ -1,11 +1,12 @@
 """Makes stock vLLM run DeepSeek V3.2 / V4 sparse indexing through b12x.
 
-``install(vllm_config)`` points vLLM's own seams at the classes of
-:mod:`~b12x.integration.vllm.indexer_backend` (vLLM's ``DeepseekV4Attention``
-indexer class, ``DeepseekV32Attention.indexer_cls`` and that module's
-``SparseAttnIndexer`` / ``sparse_attn_indexer``), so every DSA layer built
-afterwards plans, binds and runs b12x's indexer, with metadata from b12x's
-builder. vLLM is imported only when ``install`` runs.
+``install(vllm_config)`` applies the patch table's indexer entries
+(:mod:`~b12x.integration.vllm.patches`): vLLM's ``DeepseekV4Attention``
+indexer class, ``DeepseekV32Attention.indexer_cls``, V3.2's
+``SparseAttnIndexer`` registered out of tree and its ``sparse_attn_indexer``
+function now point at :mod:`~b12x.integration.vllm.indexer_backend`, so every
+DSA layer built afterwards plans, binds and runs b12x's indexer, with
+metadata from b12x's builder. vLLM is imported only when ``install`` runs.
 
 Every layer decides again when it is built, from the config it is built
 with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
@@ -22,12 +23,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["install", "installed", "uninstall", "unsupported_reason"]
+from b12x.integration.vllm import patches
+
+__all__ = ["accept", "install", "installed", "uninstall", "unsupported_reason"]
 
 log = logging.getLogger("b12x.integration.vllm")
 
-# (owner, attribute, vLLM's value) for every attribute install() replaced.
-_REPLACED: list[tuple[Any, str, Any]] = []
 _LOGGED: set[str] = set()
 
 
@@ -104,35 +105,12 @@ def unsupported_reason(vllm_config: Any = None) -> str | None:
     return reason
 
 
-def _accept(vllm_config: Any) -> bool:
+def accept(vllm_config: Any) -> bool:
     """A layer's decision at construction time (logs why not, once)."""
     reason = unsupported_reason(vllm_config)
     if reason is not None:
         _log_once(reason)
     return reason is None
-
-
-def _replace(owner: Any, name: str, value: Any) -> None:
-    _REPLACED.append((owner, name, owner.__dict__[name]))
-    setattr(owner, name, value)
-
-
-def _install_hooks() -> None:
-    from vllm.models.deepseek_v4.attention import DeepseekV4Attention
-    from vllm.models.deepseek_v32 import attention as v32
-
-    from b12x.integration.vllm import indexer_backend as b
-
-    _replace(
-        DeepseekV4Attention,
-        "_get_indexer_cls",
-        b.make_v4_indexer_cls(DeepseekV4Attention._get_indexer_cls, _accept),
-    )
-    attention = v32.DeepseekV32Attention
-    indexer_cls = b.make_v32_indexer_cls(attention.indexer_cls, _accept)
-    _replace(attention, "indexer_cls", staticmethod(indexer_cls))
-    _replace(v32, "SparseAttnIndexer", b.make_v32_op_factory(v32.SparseAttnIndexer))
-    _replace(v32, "sparse_attn_indexer", b.make_v32_dispatcher(v32.sparse_attn_indexer))
 
 
 def install(vllm_config: Any = None) -> bool:
@@ -158,11 +136,10 @@ def install(vllm_config: Any = None) -> bool:
     if reason is not None:
         _log_once(reason)
         return False
-    if not _REPLACED:
+    if not patches.installed("indexer"):
         try:
-            _install_hooks()
+            patches.install("indexer")
         except (ImportError, AttributeError, KeyError) as e:
-            uninstall()
             _log_once(f"vLLM's DeepSeek indexer seams are not where b12x expects them ({e!r})")
             return False
         log.info("b12x indexer installed for DeepSeek V3.2 / V4 sparse attention")
@@ -171,11 +148,9 @@ def install(vllm_config: Any = None) -> bool:
 
 def installed() -> bool:
     """True while the hooks are in."""
-    return bool(_REPLACED)
+    return patches.installed("indexer")
 
 
 def uninstall() -> None:
     """Puts vLLM's own classes and functions back (layers already built keep theirs)."""
-    while _REPLACED:
-        owner, name, value = _REPLACED.pop()
-        setattr(owner, name, value)
+    patches.uninstall("indexer")

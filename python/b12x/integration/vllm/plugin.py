@@ -134,13 +134,14 @@ def hide_from_vllm_b12x_detection() -> None:
     ``importlib.util.find_spec("b12x")``, which finds this package. Its
     submodule getters already return None here (none of those modules
     exists in this b12x), so no backend selects missing code; this makes the
-    flag agree with them.
+    flag agree with them (an entry of the patch table).
     """
+    from b12x.integration.vllm import patches
+
     try:
-        import vllm.utils.b12x as detection
+        patches.install("plugin")
     except ImportError:  # a vLLM without that detection
         return
-    detection._HAS_B12X = False
 
 
 def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:

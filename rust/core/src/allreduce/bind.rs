@@ -22,7 +22,9 @@ const ALIGN: u64 = 16;
 /// What one rank's open runtime offers a launch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Target {
-    pub ordinal: u32,
+    /// Where the runtime's operands live: its CUDA device (or the host, for
+    /// the runtime's host stand-in).
+    pub device: Device,
     pub world: u32,
     /// Bytes of one staging slot.
     pub slot_bytes: u64,
@@ -87,7 +89,7 @@ fn invalid(operand: &'static str, expected: impl Into<Cow<'static, str>>, got: S
 /// or row-major (two-shot, fused).
 fn operand(plan: &Plan, target: &Target, name: &'static str, meta: &TensorMeta) -> Result<()> {
     let o = Operand::new(OP, name, meta);
-    o.dtype(&[plan.dtype()])?.device(Device::Cuda(target.ordinal))?.aligned(ALIGN)?;
+    o.dtype(&[plan.dtype()])?.device(target.device)?.aligned(ALIGN)?;
     if meta.numel() != plan.numel() {
         return Err(o.shape_error(format!("{:?} ({} elements)", plan.shape(), plan.numel())));
     }
@@ -172,7 +174,7 @@ pub fn bind_fused(
     }
     Operand::new(OP, "weight", ops.weight)
         .dtype(&[plan.dtype()])?
-        .device(Device::Cuda(target.ordinal))?
+        .device(target.device)?
         .shape(&[Some(plan.hidden() as i64)])?
         .contiguous()?
         .aligned(ALIGN)?;
@@ -272,7 +274,7 @@ mod tests {
 
     fn target(push: bool) -> Target {
         Target {
-            ordinal: 1,
+            device: Device::Cuda(1),
             world: 2,
             slot_bytes: SlabLayout::for_limits(&limits(), push).slot_bytes,
         }

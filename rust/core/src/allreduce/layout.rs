@@ -2,9 +2,27 @@
 //! `[header | flags | pad to SIGNAL_BYTES | slot 0 | slot 1]`.
 
 use super::limits::Limits;
+use crate::error::{Error, Result};
 
+/// Smallest group an all-reduce runs over.
+pub const MIN_WORLD: u32 = 2;
 /// Largest group the kernels address (flag rows and peer tables are this wide).
 pub const MAX_WORLD: u32 = 8;
+
+/// `rank` of a group of `world` ranks the runtime can serve:
+/// `MIN_WORLD..=MAX_WORLD` ranks (the one statement of the bound; Python
+/// asks it through `_core.allreduce_check_world`), `rank < world`.
+pub fn check_world(rank: u32, world: u32) -> Result<()> {
+    if !(MIN_WORLD..=MAX_WORLD).contains(&world) || rank >= world {
+        return Err(Error::InvalidValue {
+            op: "AllReduce",
+            operand: "world".into(),
+            expected: format!("{MIN_WORLD}..={MAX_WORLD} ranks and rank < world").into(),
+            got: format!("rank {rank} of {world}"),
+        });
+    }
+    Ok(())
+}
 /// Largest grid of any all-reduce launch (one flag row per CTA).
 pub const MAX_CTAS: u32 = 128;
 pub const FLAGS_OFFSET: u64 = 256;

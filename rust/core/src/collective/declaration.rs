@@ -30,6 +30,8 @@ pub struct Declaration<'a> {
     pub alignment: Field<i64>,
     /// `None`: no weight. `Ok(identity)` for a tensor, `Err` for anything else.
     pub norm_weight: Option<Field<u64>>,
+    /// The norm weight's shape, when it is a tensor whose metadata was read.
+    pub norm_weight_shape: Option<&'a [i64]>,
     pub epsilon: Option<Field<f64>>,
 }
 
@@ -155,6 +157,17 @@ impl Declaration<'_> {
             }
             _ => {}
         }
+        // 6b. the weight scales each row: one value per element of the last dimension
+        if let (true, Some(weight)) = (fused, self.norm_weight_shape) {
+            let hidden = shape.last().copied().unwrap_or(0);
+            if weight != [hidden] {
+                return Err(invalid(
+                    "norm_weight",
+                    format!("shape ({hidden},) (one weight per element of a row)").into(),
+                    format!("shape {}", fmt_tuple(weight)),
+                ));
+            }
+        }
 
         // 7. a nonnegative epsilon when fused (NaN is not: it would equal nothing)
         // 8. no RMSNorm controls when plain
@@ -201,6 +214,7 @@ mod tests {
             strides: None,
             alignment: Ok(16),
             norm_weight: None,
+            norm_weight_shape: None,
             epsilon: None,
         }
     }
@@ -307,6 +321,15 @@ mod tests {
             let m = message(&Declaration { alignment: bad.clone(), ..plain(&[4]) });
             assert!(m.contains("input_alignment of invocation"), "{m}");
             assert!(m.contains("expected a power of two >= 16"), "{m}");
+        }
+    }
+
+    #[test]
+    fn rule_6b_the_weight_has_one_value_per_row_element() {
+        assert!(Declaration { norm_weight_shape: Some(&[4]), ..fused(&[2, 4]) }.validate().is_ok());
+        for bad in [&[3][..], &[4, 1], &[1, 4], &[]] {
+            let m = message(&Declaration { norm_weight_shape: Some(bad), ..fused(&[2, 4]) });
+            assert!(m.contains("norm_weight of invocation 'layer0.all_reduce' expected shape (4,)"));
         }
     }
 

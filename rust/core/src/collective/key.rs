@@ -74,16 +74,6 @@ impl Unindexable {
             Unindexable::NegativeStride => "non-negative strides",
         }
     }
-
-    /// `"{op}: {operand} expected ..., got shape (..) strides (..)"`.
-    pub fn message(self, op: &str, operand: &str, shape: &[i64], strides: &[i64]) -> String {
-        format!(
-            "{op}: {operand} expected {}, got shape {} strides {}",
-            self.expected(),
-            fmt_tuple(shape),
-            fmt_tuple(strides)
-        )
-    }
 }
 
 /// The key of a declaration or of a live tensor.
@@ -329,9 +319,17 @@ mod tests {
         assert!(new(&[1, 16], &[-16, 1]).is_ok());
         assert_eq!(new(&[1; 9], &[1; 9]), Err(Unindexable::Rank));
         assert_eq!(new(&[2, 2], &[1]), Err(Unindexable::Rank));
+        let e = crate::Error::UnsupportedTensor {
+            op: "lookup".into(),
+            operand: "tensor".into(),
+            expected: Unindexable::ZeroSize.expected().into(),
+            shape: vec![0, 16],
+            strides: vec![16, 1],
+        };
         assert_eq!(
-            Unindexable::ZeroSize.message("lookup", "tensor", &[0, 16], &[16, 1]),
-            "lookup: tensor expected a tensor with at least one element, got shape (0, 16) strides (16, 1)"
+            e.to_string(),
+            "lookup: tensor expected a tensor with at least one element, got shape (0, 16) \
+             strides (16, 1)"
         );
     }
 

@@ -175,6 +175,53 @@ fn check_disjoint(spans: &[Span]) -> Result<()> {
     Ok(())
 }
 
+/// An output the kernels (or the CPU reference) write in place, outside
+/// autograd, must not require grad: torch would refuse the write, or a
+/// backward pass would silently miss it.
+pub fn check_output_grad(operand: &'static str, requires_grad: bool) -> Result<()> {
+    if requires_grad {
+        return Err(Error::InvalidValue {
+            op: "bind",
+            operand: operand.into(),
+            expected: "a tensor that does not require grad (b12x writes it in place, outside \
+                       autograd; pass a detached tensor)"
+                .into(),
+            got: "requires_grad=True".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The operand whose bound values differ between two bindings of the same
+/// tensors: what a tensor changed in place since `bind` (`resize_`, `set_`,
+/// `.data =`) changed; None when they agree.
+pub fn changed_operand(bound: &IndexerArgs, now: &IndexerArgs) -> Option<&'static str> {
+    let fields: [(bool, &'static str); 11] = [
+        (bound.q != now.q || bound.rows != now.rows || bound.heads != now.heads, "q_fp8"),
+        (bound.weights != now.weights, "query_weights"),
+        (
+            bound.kcache != now.kcache
+                || bound.page_stride != now.page_stride
+                || bound.pages != now.pages,
+            "index_k_cache",
+        ),
+        (
+            bound.page_table != now.page_table
+                || bound.page_table_row_stride != now.page_table_row_stride
+                || bound.width != now.width,
+            "page_table",
+        ),
+        (bound.lengths != now.lengths, "cache_lengths"),
+        (bound.active_width != now.active_width, "active_width"),
+        (bound.out_indices != now.out_indices, "output_indices"),
+        (bound.out_scores != now.out_scores, "output_scores"),
+        (bound.scratch != now.scratch, "scratch"),
+        (bound.topk != now.topk, "output_indices"),
+        (bound.device != now.device, "q_fp8"),
+    ];
+    fields.iter().find(|(changed, _)| *changed).map(|&(_, name)| name)
+}
+
 /// Checks every operand against `plan` (reference spec §2, §4.5) and returns
 /// the binding. Errors name the operand and give expected vs actual values.
 pub fn bind(plan: &Arc<Plan>, ops: &Operands<'_>) -> Result<Binding> {
@@ -439,6 +486,19 @@ mod tests {
 
     fn bind_err(p: &Arc<Plan>, f: &Fixture) -> String {
         bind(p, &f.ops()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_changed_operand_is_named() {
+        let bound = IndexerArgs { q: 0x1000, kcache: 0x2000, pages: 8, ..Default::default() };
+        assert_eq!(changed_operand(&bound, &bound), None);
+        let moved = IndexerArgs { kcache: 0x3000, ..bound };
+        assert_eq!(changed_operand(&bound, &moved), Some("index_k_cache"));
+        let shrunk = IndexerArgs { pages: 4, ..bound };
+        assert_eq!(changed_operand(&bound, &shrunk), Some("index_k_cache"));
+        assert!(check_output_grad("output_scores", false).is_ok());
+        let e = check_output_grad("output_scores", true).unwrap_err().to_string();
+        assert!(e.starts_with("bind: output_scores expected a tensor that does not require grad"));
     }
 
     #[test]

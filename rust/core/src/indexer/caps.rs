@@ -154,14 +154,7 @@ pub use crate::tensor::MAX_CUDA_ORDINAL;
 /// A caller's CUDA ordinal, checked before anything is built from it:
 /// 0 ..= [`MAX_CUDA_ORDINAL`].
 pub fn cuda_ordinal(ordinal: i64) -> Result<u32> {
-    match u32::try_from(ordinal) {
-        Ok(i) if i <= MAX_CUDA_ORDINAL => Ok(i),
-        _ => Err(invalid(
-            "device",
-            format!("a CUDA ordinal in [0, {MAX_CUDA_ORDINAL}] (torch's device index is int8)"),
-            ordinal.to_string(),
-        )),
-    }
+    crate::tensor::cuda_ordinal(OP, ordinal)
 }
 
 /// The device rule of [`Caps::new`]: cpu, or cuda:N with N <= 127.

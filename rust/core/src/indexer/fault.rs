@@ -9,6 +9,7 @@
 //! only on request, so runs stay sync-free.
 
 use std::fmt;
+use std::sync::Mutex;
 
 /// u32 words of the status record: [set, row, column, page id, pages, 0, 0, 0].
 pub const STATUS_WORDS: usize = 8;
@@ -35,6 +36,20 @@ impl PageFault {
     }
 }
 
+/// The host's status record: what the CPU reference's runs met, kept like
+/// the device word (the first fault since the last check wins).
+static HOST_RECORD: Mutex<Option<PageFault>> = Mutex::new(None);
+
+/// Records `fault` in the host's record unless one is already there.
+pub fn record_host_fault(fault: PageFault) {
+    HOST_RECORD.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(fault);
+}
+
+/// Reads and clears the host's record.
+pub fn take_host_fault() -> Option<PageFault> {
+    HOST_RECORD.lock().unwrap_or_else(|p| p.into_inner()).take()
+}
+
 impl fmt::Display for PageFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -50,6 +65,15 @@ impl fmt::Display for PageFault {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_record_keeps_the_first_fault_until_taken() {
+        let first = PageFault { row: 1, column: 2, page_id: 9, pages: 8 };
+        record_host_fault(first);
+        record_host_fault(PageFault { row: 3, ..first });
+        assert_eq!(take_host_fault(), Some(first));
+        assert_eq!(take_host_fault(), None);
+    }
 
     #[test]
     fn words_round_trip_and_name_the_entry() {

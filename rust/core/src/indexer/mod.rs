@@ -25,13 +25,13 @@ mod fault;
 mod layout;
 mod plan;
 
-pub use bind::{bind, Binding, IndexerArgs, Operands};
+pub use bind::{bind, changed_operand, check_output_grad, Binding, IndexerArgs, Operands};
 pub use bucket::bucket;
 pub use cache::InternCache;
 pub use caps::{
     check_device, cuda_ordinal, Caps, CapsRequest, IndexSpace, Mode, Precision, MAX_CUDA_ORDINAL,
 };
-pub use fault::{PageFault, STATUS_WORDS};
+pub use fault::{record_host_fault, take_host_fault, PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
 pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route, Stages};
 

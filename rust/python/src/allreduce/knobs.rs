@@ -130,10 +130,15 @@ impl PyLimits {
         self.0.to_string()
     }
 
+    /// ``(oneshot_max, fused_max, twoshot_max, twoshot_row_elems)``: every
+    /// field in the constructor's order (what ranks compare at set-up).
+    fn as_tuple(&self) -> (u64, u64, u64, u64) {
+        let l = self.0;
+        (l.oneshot_max(), l.fused_max(), l.twoshot_max(), l.twoshot_row_elems())
+    }
+
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyTuple>> {
-        let l = slf.get().0;
-        let args = (l.oneshot_max(), l.fused_max(), l.twoshot_max(), l.twoshot_row_elems());
-        (slf.get_type(), args).into_pyobject(slf.py())
+        (slf.get_type(), slf.get().as_tuple()).into_pyobject(slf.py())
     }
 }
 

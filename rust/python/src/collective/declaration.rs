@@ -9,13 +9,14 @@
 
 use b12x_core::collective::{Declaration, Field, PlanKey};
 use b12x_core::DType;
-use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyInt, PyList, PyString, PyTuple};
 
+use b12x_core::Error as CoreError;
+
 use crate::error::PyB12xResult;
-use crate::tensor::torch_cache;
+use crate::tensor::{extract, torch_cache};
 
 /// A validated declaration: its key, its name and the weight the key's
 /// identity refers to (held so the identity stays unique).
@@ -83,14 +84,20 @@ fn optional<'py>(obj: Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
     (!obj.is_none()).then_some(obj)
 }
 
-fn attr<'py>(inv: &Bound<'py, PyAny>, name: &Bound<'py, PyString>) -> PyResult<Bound<'py, PyAny>> {
+fn attr<'py>(
+    inv: &Bound<'py, PyAny>,
+    name: &Bound<'py, PyString>,
+) -> PyB12xResult<Bound<'py, PyAny>> {
     inv.getattr(name).map_err(|_| {
-        PyTypeError::new_err(format!(
-            "PCIe invocation: expected an Invocation (an object with name, operation, shape, \
-             dtype, strides, input_alignment, norm_weight and epsilon), got {} without {}",
-            type_name(inv),
-            name
-        ))
+        CoreError::ArgumentType {
+            op: "PCIe invocation".into(),
+            operand: "invocation".into(),
+            expected: "an Invocation (an object with name, operation, shape, dtype, strides, \
+                       input_alignment, norm_weight and epsilon)"
+                .into(),
+            got: format!("{} without {}", type_name(inv), name),
+        }
+        .into()
     })
 }
 
@@ -113,6 +120,12 @@ pub(crate) fn read(inv: &Bound<'_, PyAny>) -> PyB12xResult<Declared> {
         weight
             .as_ref()
             .map(|w| if is_tensor(w) { Ok(w.as_ptr() as u64) } else { Err(type_name(w)) });
+    // its shape, so a weight of the wrong length is refused when declared
+    let weight_meta = weight
+        .as_ref()
+        .filter(|w| is_tensor(w))
+        .map(|w| extract(w, "PCIe invocation", "norm_weight"))
+        .transpose()?;
     let epsilon =
         optional(attr(inv, intern!(py, "epsilon"))?).map(|e| real(&e).ok_or_else(|| repr(&e)));
 
@@ -124,6 +137,7 @@ pub(crate) fn read(inv: &Bound<'_, PyAny>) -> PyB12xResult<Declared> {
         strides: strides.as_ref().map(|s| s.as_deref().map_err(Clone::clone)),
         alignment,
         norm_weight,
+        norm_weight_shape: weight_meta.as_ref().map(|m| m.shape.as_slice()),
         epsilon,
     };
     let key = declaration.validate()?;

@@ -10,15 +10,12 @@ mod probe;
 
 use b12x_core::collective::{DeclaredPlanIndex, Entry};
 use b12x_core::Error as CoreError;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
-use pyo3::{import_exception, PyTraverseError, PyVisit};
+use pyo3::{PyTraverseError, PyVisit};
 
 use crate::error::PyB12xResult;
-pub(crate) use probe::Args;
-
-import_exception!(b12x.errors, UnsupportedTensorError);
+pub(crate) use probe::{Args, Bad};
 
 /// What one declaration maps to.
 struct Payload {
@@ -44,15 +41,25 @@ pub struct PyDeclaredPlanIndex {
 const LOOKUP: &str = "DeclaredPlanIndex.lookup";
 const PLAN_FOR: &str = "DeclaredPlanIndex.plan_for";
 
-fn entries(pairs: &Bound<'_, PyAny>) -> PyB12xResult<Vec<Entry<Payload>>> {
+fn entries(op: &'static str, pairs: &Bound<'_, PyAny>) -> PyB12xResult<Vec<Entry<Payload>>> {
+    let refuse = |operand: String, expected: &'static str, got: String| CoreError::ArgumentType {
+        op: op.into(),
+        operand: operand.into(),
+        expected: expected.into(),
+        got,
+    };
+    let items = pairs.try_iter().map_err(|_| {
+        refuse("pairs".into(), "an iterable of (invocation, plan) tuples", declaration::repr(pairs))
+    })?;
     let mut out = Vec::new();
-    for (i, item) in pairs.try_iter()?.enumerate() {
+    for (i, item) in items.enumerate() {
         let item = item?;
         let Ok((invocation, plan)) = item.extract::<(Bound<'_, PyAny>, Bound<'_, PyAny>)>() else {
-            return Err(PyTypeError::new_err(format!(
-                "DeclaredPlanIndex.rebuild: pairs[{i}] expected an (invocation, plan) tuple, got {}",
-                declaration::type_name(&item)
-            ))
+            return Err(refuse(
+                format!("pairs[{i}]"),
+                "an (invocation, plan) tuple",
+                declaration::type_name(&item),
+            )
             .into());
         };
         let declared = declaration::read(&invocation)?;
@@ -70,18 +77,43 @@ fn entries(pairs: &Bound<'_, PyAny>) -> PyB12xResult<Vec<Entry<Payload>>> {
 }
 
 impl PyDeclaredPlanIndex {
-    /// The plan declared for this call; None on a miss and for input that
-    /// has no key (never raises): the first step of an admission.
+    /// The plan for a call whose tensor was read already; `Ok(None)` on a
+    /// miss, `Err(Bad)` for input that has no key (no exception is built).
     #[inline]
-    pub(crate) fn probe(&self, py: Python<'_>, args: &Args<'_, '_>) -> Option<Py<PyAny>> {
-        probe::with(args, |key| self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py)))
-            .ok()
-            .flatten()
+    pub(crate) fn probe_meta(
+        &self,
+        py: Python<'_>,
+        args: &Args<'_, '_>,
+        meta: &b12x_core::TensorMeta,
+    ) -> Result<Option<Py<PyAny>>, probe::Bad> {
+        probe::with_meta(meta, args, |key| {
+            self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py))
+        })
+    }
+
+    /// The UndeclaredPlanError of a call `args` that found nothing: its
+    /// operation, shape, dtype and strides, and at most 16 declarations.
+    pub(crate) fn undeclared(&self, op: &'static str, args: &Args<'_, '_>) -> CoreError {
+        let (shape, strides, dtype) = probe::describe(args.tensor);
+        let msg = self.index.load().undeclared_message(
+            op,
+            probe::operation_of(args),
+            &dtype,
+            &shape,
+            &strides,
+            probe::norm_of(args),
+        );
+        CoreError::UndeclaredPlan(msg)
     }
 
     /// The plan for `args`, `Ok(None)` on a miss, `Err` for bad input.
     #[inline]
-    fn find(&self, py: Python<'_>, op: &str, args: &Args<'_, '_>) -> PyResult<Option<Py<PyAny>>> {
+    fn find(
+        &self,
+        py: Python<'_>,
+        op: &'static str,
+        args: &Args<'_, '_>,
+    ) -> PyB12xResult<Option<Py<PyAny>>> {
         match probe::with(args, |key| {
             self.index.lookup(key).map(|hit| hit.payload.plan.clone_ref(py))
         }) {
@@ -100,7 +132,7 @@ impl PyDeclaredPlanIndex {
     #[pyo3(signature = (pairs=None))]
     fn new(pairs: Option<&Bound<'_, PyAny>>) -> PyB12xResult<Self> {
         let index = match pairs {
-            Some(pairs) => DeclaredPlanIndex::new(entries(pairs)?),
+            Some(pairs) => DeclaredPlanIndex::new(entries("DeclaredPlanIndex", pairs)?),
             None => DeclaredPlanIndex::default(),
         };
         Ok(PyDeclaredPlanIndex { index })
@@ -109,7 +141,7 @@ impl PyDeclaredPlanIndex {
     /// Replaces every declaration at once with ``pairs`` (first equal key
     /// wins). On a bad pair the index is left as it was.
     fn rebuild(&self, pairs: &Bound<'_, PyAny>) -> PyB12xResult<()> {
-        let entries = entries(pairs)?;
+        let entries = entries("DeclaredPlanIndex.rebuild", pairs)?;
         self.index.rebuild(entries);
         Ok(())
     }
@@ -141,7 +173,7 @@ impl PyDeclaredPlanIndex {
         operation: Option<&Bound<'_, PyAny>>,
         weight: Option<&Bound<'_, PyAny>>,
         epsilon: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Option<Py<PyAny>>> {
+    ) -> PyB12xResult<Option<Py<PyAny>>> {
         let args = Args { tensor, operation, weight, epsilon };
         self.find(tensor.py(), LOOKUP, &args)
     }
@@ -178,13 +210,7 @@ impl PyDeclaredPlanIndex {
         if let Some(plan) = self.find(py, PLAN_FOR, &args)? {
             return Ok(plan);
         }
-        // the miss path only: O(16) formatting
-        let op = probe::operation_of(&args);
-        let norm = probe::norm_of(&args);
-        let (shape, strides, dtype) = probe::describe(tensor);
-        let msg =
-            self.index.load().undeclared_message(PLAN_FOR, op, &dtype, &shape, &strides, norm);
-        Err(CoreError::UndeclaredPlan(msg).into())
+        Err(self.undeclared(PLAN_FOR, &args).into()) // the miss path only: O(16) formatting
     }
 
     /// Every ``(invocation, plan)`` pair in declaration order, shadowed

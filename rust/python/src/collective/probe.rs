@@ -7,13 +7,13 @@
 //! `has_plan_for` turns into `False` and `lookup` into an exception.
 
 use b12x_core::collective::{Norm, Operation, PlanKey, Unindexable};
-use b12x_core::{DType, Error as CoreError, MAX_RANK};
+use b12x_core::{DType, Error as CoreError, TensorMeta, MAX_RANK};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple};
 
 use super::declaration::{is_tensor, real, repr, type_name};
-use crate::error::{exc, PyB12xErr};
+use crate::error::PyB12xErr;
 use crate::tensor::{extract, torch_cache, TorchCache};
 
 /// Why a probe has no key. Cheap to make; turned into a Python exception
@@ -134,6 +134,18 @@ fn unindexable(why: Unindexable) -> Bad {
     }
 }
 
+/// The key of a call whose tensor was read already (`meta`, the admission's
+/// one read of it), handed to `f`.
+#[inline]
+pub(crate) fn with_meta<R>(
+    meta: &TensorMeta,
+    args: &Args<'_, '_>,
+    f: impl FnOnce(&PlanKey) -> R,
+) -> Result<R, Bad> {
+    let op = operation(args.operation)?;
+    with_key(op, meta.dtype, &meta.shape, &meta.strides, args, f)
+}
+
 /// Any other tensor (a `__dlpack__` producer): the general extraction path.
 fn with_dlpack_key<R>(
     op: Operation,
@@ -190,40 +202,55 @@ pub(crate) fn describe(tensor: &Bound<'_, PyAny>) -> (Vec<i64>, Vec<i64>, String
 }
 
 impl Bad {
-    /// The exception `lookup` raises for this input; `None` for a plain miss.
-    pub(crate) fn into_err(self, op: &str, args: &Args<'_, '_>) -> Option<PyErr> {
+    /// The error `lookup` raises for this input; `None` for a plain miss.
+    pub(crate) fn into_err(self, op: &'static str, args: &Args<'_, '_>) -> Option<PyB12xErr> {
+        let argument =
+            |operand: &'static str, expected: &'static str, got: String| CoreError::ArgumentType {
+                op: op.into(),
+                operand: operand.into(),
+                expected: expected.into(),
+                got,
+            };
         let err = match self {
             Bad::Never => return None,
-            Bad::NotATensor => exc::NotATensorError::new_err(format!(
-                "{op}: tensor expected a tensor (torch.Tensor or a __dlpack__ producer), got {}",
-                type_name(args.tensor)
-            )),
+            Bad::NotATensor => {
+                CoreError::NotATensor { op, operand: "tensor".into(), got: type_name(args.tensor) }
+            }
             Bad::Unindexable(why) => {
                 let (shape, strides, _) = describe(args.tensor);
-                super::UnsupportedTensorError::new_err(why.message(op, "tensor", &shape, &strides))
-            }
-            Bad::Operation => {
-                let got = args.operation.map(repr).unwrap_or_default();
-                let msg = format!(
-                    "{op}: operation expected 'all_reduce' or 'all_reduce_fused_add_rms_norm', \
-                     got {got}"
-                );
-                if args.operation.is_some_and(|o| o.is_instance_of::<PyString>()) {
-                    exc::ConfigError::new_err(msg)
-                } else {
-                    pyo3::exceptions::PyTypeError::new_err(msg)
+                CoreError::UnsupportedTensor {
+                    op: op.into(),
+                    operand: "tensor".into(),
+                    expected: why.expected().into(),
+                    shape,
+                    strides,
                 }
             }
-            Bad::WeightNotATensor => exc::NotATensorError::new_err(format!(
-                "{op}: weight expected a tensor (torch.Tensor or a __dlpack__ producer), got {}",
-                args.weight.map(type_name).unwrap_or_default()
-            )),
-            Bad::Epsilon => pyo3::exceptions::PyTypeError::new_err(format!(
-                "{op}: epsilon expected a real number, got {}",
-                args.epsilon.map(repr).unwrap_or_default()
-            )),
-            Bad::Py(err) => err,
+            Bad::Operation => {
+                const EXPECTED: &str = "'all_reduce' or 'all_reduce_fused_add_rms_norm'";
+                let got = args.operation.map(repr).unwrap_or_default();
+                match args.operation.is_some_and(|o| o.is_instance_of::<PyString>()) {
+                    true => CoreError::InvalidValue {
+                        op,
+                        operand: "operation".into(),
+                        expected: EXPECTED.into(),
+                        got,
+                    },
+                    false => argument("operation", EXPECTED, got),
+                }
+            }
+            Bad::WeightNotATensor => CoreError::NotATensor {
+                op,
+                operand: "weight".into(),
+                got: args.weight.map(type_name).unwrap_or_default(),
+            },
+            Bad::Epsilon => argument(
+                "epsilon",
+                "a real number (not a bool)",
+                args.epsilon.map(repr).unwrap_or_default(),
+            ),
+            Bad::Py(err) => return Some(err.into()),
         };
-        Some(err)
+        Some(err.into())
     }
 }
