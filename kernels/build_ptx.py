@@ -6,8 +6,8 @@ with CUDA's headers from nvidia-cuda-runtime-cu12==12.8.90. NVRTC 12.8 emits
 PTX ISA 8.7, which every driver from 570 on loads; the baseline target is
 compute_89 (FP8 mma.sync), JIT-compiled by the driver for sm_90 and sm_120.
 Arch-specific modules (ARCH_SPECIFIC) sit beside the baseline, never instead
-of it: indexer_wgmma targets compute_90a (Hopper wgmma, f16 and FP8) and loads
-on sm_90 only.
+of it: indexer_wgmma, indexer_hopper and indexer_select target compute_90a
+(Hopper wgmma, TMA, thread block clusters) and load on sm_90 only.
 
     python kernels/build_ptx.py           # rewrite rust/cuda/ptx/*.ptx
     python kernels/build_ptx.py --check   # exit 1 if the committed PTX is stale
@@ -28,7 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 PTX_DIR = ROOT / "rust" / "cuda" / "ptx"
 ARCH = "compute_89"
-ARCH_SPECIFIC = {"indexer_wgmma": "compute_90a"}
+ARCH_SPECIFIC = {
+    "indexer_wgmma": "compute_90a",
+    "indexer_hopper": "compute_90a",
+    "indexer_select": "compute_90a",
+}
 NVRTC_VERSION = (12, 8)
 # -lineinfo stays off: it embeds absolute source paths, which would make the
 # PTX depend on where the repository was cloned.

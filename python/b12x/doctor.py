@@ -65,12 +65,25 @@ def report() -> dict[str, Any]:
             gpu["indexer_mma"] = _indexer_flavors(i)
         except Exception as e:
             gpu["ptx_load"] = f"FAILED: {e}"
+        if info["vllm_plugin"].get("vllm"):
+            gpu["vllm_indexer"] = _vllm_indexer_rule(tuple(gpu["compute_capability"]))
         info["gpus"].append(gpu)
     info["peer_access"] = [
         [None if a == b else _core.can_access_peer(a, b) for b in range(count)]
         for a in range(count)
     ]
     return info
+
+
+def _vllm_indexer_rule(capability: tuple[int, int]) -> dict[str, Any]:
+    """Whether the vLLM plugin's indexer would be b12x's on this GPU, and why
+    (the speed rule, with the committed figures); never imports vLLM."""
+    from b12x.integration.vllm import speed_rule
+
+    decision = speed_rule.decide(
+        capability, speed_rule.PLAN_PRECISION, speed_rule.stock_fast_path(inside_vllm=False)
+    )
+    return {"use_b12x": decision.use_b12x, "reason": decision.reason}
 
 
 def _vllm_plugin() -> dict[str, Any]:
@@ -125,6 +138,10 @@ def run_doctor() -> int:
         if "indexer_mma" in gpu:
             flavors = ", ".join(f"{p} {f}" for p, f in gpu["indexer_mma"].items())
             print(f"      indexer MMA: {flavors}")
+        if "vllm_indexer" in gpu:
+            rule = gpu["vllm_indexer"]
+            who = "b12x" if rule["use_b12x"] else "vLLM's own"
+            print(f"      vLLM indexer with B12X_VLLM=indexer: {who} ({rule['reason']})")
     peers = info.get("peer_access") or []
     if len(peers) > 1:
         print("  peer access (row can map column):")

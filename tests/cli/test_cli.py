@@ -20,8 +20,9 @@ def test_import_exposes_version_and_build_facts():
     # every module has a target; only the wgmma scorers are arch-specific
     targets = info["module_targets"]
     assert set(targets) == {name for name, _ in info["modules"]}
-    assert {n for n, t in targets.items() if t != "compute_89"} == {"indexer_wgmma"}
-    assert targets["indexer_wgmma"] == "compute_90a"
+    hopper = {"indexer_wgmma", "indexer_hopper", "indexer_select"}
+    assert {n for n, t in targets.items() if t != "compute_89"} == hopper
+    assert all(targets[n] == "compute_90a" for n in hopper)
 
 
 def test_the_minimum_driver_is_one_fact():

@@ -47,9 +47,12 @@ def test_the_flavor_option_is_checked():
 
 
 def test_the_flavor_names_come_from_the_core():
-    assert _core.INDEXER_MMA_FLAVORS == ("e4m3", "f16", "wgmma", "wgmma_fp8")
-    with pytest.raises(b12x.ConfigError, match="topk_only expected false on a CPU plan"):
-        _core.indexer_build_plan(cpu_caps(), topk_only=True)
+    assert _core.INDEXER_MMA_FLAVORS == ("e4m3", "f16", "wgmma", "wgmma_fp8", "tma_fp8")
+    for stage in ("topk_only", "score_only"):
+        with pytest.raises(b12x.ConfigError, match="stages expected all on a CPU plan"):
+            _core.indexer_build_plan(cpu_caps(), **{stage: True})
+    with pytest.raises(b12x.ConfigError, match="topk_only, score_only expected at most one"):
+        _core.indexer_build_plan(cpu_caps(), topk_only=True, score_only=True)
 
 
 def test_launch_scaffolding_is_gone():

@@ -129,12 +129,14 @@ def check(inputs, topk, out, sc, *, space="logical"):
 
 @pytest.mark.parametrize("heads", [16, 32, 64])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_decode_grid(heads, topk):
-    width = 48  # 3072 K rows: 3 chunks of 1024
+# 3 chunks of 1024, or one chunk (on sm_90: the cluster top-k)
+@pytest.mark.parametrize("supertile", [1024, 0])
+def test_decode_grid(heads, topk, supertile):
+    width = 48  # 3072 K rows
     lengths = [0, topk // 2 + 3, width * PAGE - 37, 2000, 64, width * PAGE]
     inputs = make_case(len(lengths), heads, width, lengths, seed=heads + topk)
-    plan, out, sc = run_case(inputs, topk, supertile=1024)
-    assert plan.max_chunks == 3
+    plan, out, sc = run_case(inputs, topk, supertile=supertile)
+    assert plan.max_chunks == (3 if supertile else 1)
     check(inputs, topk, out, sc)
 
 
@@ -180,10 +182,11 @@ def test_shared_prefill_matches_expanded_table(heads):
     assert same >= rows - 2  # both exact; near-ties may differ in a row or two
 
 
-def test_physical_output():
+@pytest.mark.parametrize("supertile", [1024, 0])
+def test_physical_output(supertile):
     width = 32
     inputs = make_case(3, 64, width, [width * PAGE, 900, 0], unmapped=((1, 4),), seed=13)
-    _, out, sc = run_case(inputs, 1024, supertile=1024, space="physical")
+    _, out, sc = run_case(inputs, 1024, supertile=supertile, space="physical")
     check(inputs, 1024, out, sc, space="physical")
     pages = set(inputs["page_table"][0].tolist())
     assert all(i // PAGE in pages for i in out[0].tolist())
@@ -213,24 +216,54 @@ def test_exact_ties_pick_the_lowest_positions():
             assert sorted(out[r].tolist()) == list(range(512))
 
 
-def test_negative_weights_and_nan_logits():
+@pytest.mark.parametrize("supertile", [512, 0])
+def test_negative_weights_and_nan_logits(supertile):
     rows, width = 2, 24
     inputs = make_case(rows, 16, width, [width * PAGE, 1000], seed=23)
     inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0, ties at 0
     pid = int(inputs["page_table"][0, 0])
     nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
     inputs["index_k_cache"][pid, 8192 : ref.PAGE_BYTES] = nan  # NaN logits on one page
-    _, out, sc = run_case(inputs, 512, supertile=512)
+    _, out, sc = run_case(inputs, 512, supertile=supertile)
     check(inputs, 512, out, sc)
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
+
+
+def test_one_chunk_selection_edge_cases():
+    # the one-chunk selection (a cluster per row on sm_90): NaN logits selected
+    # when the numbers run out, +-0 ties, every logit equal across a long row
+    rows, width = 4, 600
+    lengths = [600, width * PAGE, width * PAGE - 5, 0]
+    inputs = make_case(rows, 16, width, lengths, seed=47)
+    inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0
+    nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
+    for c in range(3):  # row 0: 192 NaN logits among its 600 tokens
+        inputs["index_k_cache"][int(inputs["page_table"][0, c]), 8192 : ref.PAGE_BYTES] = nan
+    cache = inputs["index_k_cache"]
+    src = int(inputs["page_table"][1, 0])
+    for c in range(width):  # row 2: every token the same K row, the same scale
+        pid = int(inputs["page_table"][2, c])
+        cache[pid, :8192] = cache[src, :128].repeat(64)
+        cache[pid, 8192 : ref.PAGE_BYTES] = cache[src, 8192:8196].repeat(64)
+    for topk in (512, 2048):
+        plan, out, sc = run_case(inputs, topk)
+        assert plan.max_chunks == 1
+        check(inputs, topk, out, sc)
+        assert sorted(out[2].tolist()) == list(range(topk))  # ties: the lowest positions
+        assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
+        assert bool((out[3] == -1).all())
+
+
+# The inexact flavors (FP8 wgmma accumulation), sm_90 only; tma_fp8 is the default.
+FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
 
 
 def device_flavors(*, fast=False):
     """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
     sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only); with
-    ``fast`` also the fast one (wgmma_fp8, sm_90 only)."""
+    ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
     if torch.cuda.get_device_capability() == (9, 0):
-        return ("e4m3", "f16", "wgmma") + (("wgmma_fp8",) if fast else ())
+        return ("e4m3", "f16", "wgmma") + (FAST_FLAVORS if fast else ())
     return ("e4m3", "f16")
 
 
@@ -323,7 +356,7 @@ def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
     for flavor in device_flavors(fast=True):
         # the fast flavor's logits are not the reference's: check only that every
         # selected index is a candidate (the near-tie tolerance covers the rest)
-        tol = {} if flavor != "wgmma_fp8" else {"tie_atol": math.inf, "score_atol": math.inf}
+        tol = {} if flavor not in FAST_FLAVORS else {"tie_atol": math.inf, "score_atol": math.inf}
         for space in ("logical", "physical"):
             plan = plan_for(inputs, 512, mode=mode, space=space, supertile=1024, flavor=flavor)
             b, out, sc = bind_for(plan, inputs)
@@ -369,7 +402,7 @@ def test_fast_precision_keeps_its_contract(mode, heads):
     exact = plan_for(inputs, topk, mode=mode)
     hopper = torch.cuda.get_device_capability() == (9, 0)
     assert plan.precision == "fast" and exact.precision == "exact"
-    assert plan.mma_flavor == ("wgmma_fp8" if hopper else exact.mma_flavor)
+    assert plan.mma_flavor == ("tma_fp8" if hopper else exact.mma_flavor)
     assert "precision=fast, mma_flavor=" + plan.mma_flavor in repr(plan)
     assert plan.max_chunks == 1  # the logits region holds every position
     b, out, sc = bind_for(plan, inputs)
@@ -394,6 +427,74 @@ def test_fast_precision_keeps_its_contract(mode, heads):
     print(f"{plan.mma_flavor}: worst logit error {worst:.2e} of its magnitude")
 
 
+def check_fast(inputs, topk, plan, b, out, sc):
+    """A fast flavor's call: logits (one-chunk plans) within 1e-3 of the fp32
+    reference relative to their magnitude, the selection tie-aware within it."""
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    mag = logit_magnitude(inputs)
+    tol = 1e-3 * float(mag.max())
+    if plan.max_chunks == 1:
+        rows = inputs["q_fp8"].shape[0]
+        width = inputs["page_table"].shape[1]
+        got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+        limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
+        for r in range(rows):
+            c = cand[r, : limits[r]]
+            g, e, m = got[r, : limits[r]][c], expected[r, : limits[r]][c], mag[r, : limits[r]][c]
+            err = (g - e).abs()
+            assert bool((err <= 1e-3 * m).all()), f"row {r}: {float((err / m).max()):.2e} relative"
+            skipped = got[r, : limits[r]][~c].view(torch.int32)
+            assert bool((skipped == -1).all()), f"row {r}: a non-candidate was scored"
+    ref.assert_topk_equivalent(
+        out, sc, expected, cand, topk, page_table=inputs["page_table"],
+        index_space=plan.caps.output_index_space, tie_atol=2 * tol, tie_rtol=0.0, score_atol=tol,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["decode", "prefill"])
+@pytest.mark.parametrize(
+    "rows,heads,width,lengths,supertile",
+    [
+        # many rows of uneven length: CTAs' work ranges span rows and row blocks
+        (70, 64, 30, [30 * PAGE - 3 - 27 * i for i in range(70)], 1024),
+        # ragged heads (padded with zeros), lengths 0 and below topk, a partial page
+        (13, 20, 12, [0, 5, 511, 512, 700, 12 * PAGE, 1, 64, 65, 300, 640, 0, 767], 0),
+        # several chunks with a carry
+        (3, 48, 40, [40 * PAGE, 33 * PAGE - 5, 1000], 1024),
+        # one long row over every SM
+        (1, 64, 600, [600 * PAGE - 17], 0),
+    ],
+)
+def test_fast_flavors_against_the_reference(mode, rows, heads, width, lengths, supertile):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 1)], seed=rows + heads)
+    for flavor in FAST_FLAVORS:
+        for space in ("logical", "physical"):
+            plan = plan_for(inputs, 512, mode=mode, space=space, supertile=supertile, flavor=flavor)
+            b, out, sc = bind_for(plan, inputs)
+            di.run(b)
+            torch.cuda.synchronize()
+            check_fast(inputs, 512, plan, b, out, sc)
+
+
+def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    # page ids whose byte offset passes 2^31 (the tensor map's page stride is 64-bit)
+    stride = (1 << 20) + 16
+    inputs = make_case(4, 64, 8, [8 * PAGE, 300, 8 * PAGE - 1, 64], page_stride=stride,
+                       pid_offset=2048, seed=91)  # fmt: skip
+    assert int(inputs["page_table"].min()) * stride > 2**31
+    for flavor in FAST_FLAVORS:
+        plan = plan_for(inputs, 512, flavor=flavor)
+        b, out, sc = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        check_fast(inputs, 512, plan, b, out, sc)
+
+
 def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     # the benchmark's topk_only arm: the top-k stage alone, on a full run's logits
     inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=43)
@@ -402,7 +503,7 @@ def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     b, out, sc = bind_for(plan, inputs)
     di.run(b)
     stage = _core.indexer_build_plan(plan.caps, topk_only=True)
-    assert stage.topk_only and repr(stage).endswith(", topk_only=true)")
+    assert stage.topk_only and repr(stage).endswith(", stages=topk_only)")
     out2 = torch.full_like(out, 7777)
     sc2 = torch.full_like(sc, float("nan"))
     b2 = di.bind(stage, scratch=b.scratch, output_indices=out2, output_scores=sc2, **inputs)
@@ -411,6 +512,28 @@ def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     check(inputs, 512, out2, sc2)
     assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
     assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
+
+
+def test_a_score_only_plan_writes_the_logits_and_leaves_the_outputs():
+    # the benchmark's score_only arm: the scorer alone, the same logits as a full run
+    inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=44)
+    plan = plan_for(inputs, 512)
+    b, out, _ = bind_for(plan, inputs)
+    di.run(b)
+    torch.cuda.synchronize()
+    logits = di.scratch_views(b)["logits"].clone()
+    stage = _core.indexer_build_plan(plan.caps, score_only=True)
+    assert stage.score_only and not stage.topk_only
+    out2 = torch.full_like(out, 7777)
+    scratch = torch.full_like(b.scratch, 0xAB)
+    b2 = di.bind(stage, scratch=scratch, output_indices=out2, output_scores=None, **inputs)
+    di.run(b2)
+    torch.cuda.synchronize()
+    assert torch.all(out2 == 7777)
+    lengths = inputs["cache_lengths"].tolist()
+    again = di.scratch_views(b2)["logits"]
+    for r, n in enumerate(lengths):
+        assert torch.equal(again[r, :n].view(torch.int32), logits[r, :n].view(torch.int32))
 
 
 def test_run_without_scores():
@@ -422,11 +545,13 @@ def test_run_without_scores():
     check(inputs, 512, out, None)
 
 
-@pytest.mark.parametrize("mode", ["decode", "prefill"])
-def test_graph_replay_with_rewritten_metadata(mode):
+@pytest.mark.parametrize(
+    ("mode", "supertile"), [("decode", 1024), ("decode", 0), ("prefill", 1024)]
+)
+def test_graph_replay_with_rewritten_metadata(mode, supertile):
     rows, width, topk = 4, 64, 512
     inputs = make_case(rows, 64, width, [2000, 4096, 0, 600], mode=mode, spare_pages=8, seed=29)
-    plan = plan_for(inputs, topk, mode=mode, supertile=1024)
+    plan = plan_for(inputs, topk, mode=mode, supertile=supertile)
     b, out, sc = bind_for(plan, inputs)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

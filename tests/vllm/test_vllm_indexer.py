@@ -11,7 +11,7 @@ import pytest
 import torch
 import vllm_fakes as fakes
 from b12x.attention import dsa_indexer
-from b12x.integration.vllm import C4SparseIndexer, DeepseekV4B12xSparseIndexer
+from b12x.integration.vllm import C4SparseIndexer, DeepseekV4B12xSparseIndexer, speed_rule
 from b12x.integration.vllm import indexer as indexer_mod
 from vllm_fakes import (
     CacheHolder,
@@ -151,6 +151,16 @@ def test_profile_reservation_at_max_model_len(module, workspace):
         assert "shared_page_table" not in caps_fields(caps)
     assert workspace.nbytes >= max(p.nbytes for p in module.plans)
     assert module.calls["bind"] == module.calls["run"] == 0  # reserves, computes nothing
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_plans_are_made_at_the_precision_the_speed_rule_compares(
+    module, workspace, monkeypatch, precision
+):
+    monkeypatch.setattr(speed_rule, "PLAN_PRECISION", precision)
+    make_indexer().reserve_profile_workspace(q_and_weights(2)[0])
+    assert [c.precision for c in module.caps] == [precision, precision]
+    assert [p.precision for p in module.plans] == [precision, precision]
 
 
 def test_profile_run_reserves_through_forward(module, monkeypatch):

@@ -237,11 +237,11 @@ def test_v32_dispatcher_passes_other_layers_to_vllm():
 
 
 @pytest.mark.parametrize("capability", [(8, 9), (9, 0), (10, 0), (12, 0), (12, 1), (7, 5)])
-def test_b12xs_deepgemm_rule_is_vllms_own(monkeypatch, capability):
+def test_the_speed_rules_deepgemm_architectures_are_vllms_own(monkeypatch, capability):
     import sys
     import types
 
-    from b12x.integration.vllm import indexer_choice
+    from b12x.integration.vllm import speed_rule
     from vllm.platforms.interface import DeviceCapability
 
     # vLLM's CUDA platform module loads its compiled ops first (no libcuda here);
@@ -255,29 +255,35 @@ def test_b12xs_deepgemm_rule_is_vllms_own(monkeypatch, capability):
         return DeviceCapability(*capability)
 
     monkeypatch.setattr(CudaPlatform, "get_device_capability", classmethod(capability_of))
-    assert indexer_choice.vllm_has_deepgemm(capability) is CudaPlatform.support_deep_gemm()
+    decision = speed_rule.decide(capability, "exact", True, figures={})
+    assert ("vLLM runs none on" in decision.reason) is not CudaPlatform.support_deep_gemm()
 
 
 @pytest.mark.parametrize(
-    ("capability", "b12x"),
-    [((8, 9), True), ((9, 0), False), ((12, 0), False)],
+    ("capability", "b12x"), [((8, 9), True), ((9, 0), False), ((12, 0), False)]
 )
-def test_layers_keep_vllms_indexer_where_the_figures_do_not_show_b12x_faster(
+def test_layers_keep_vllms_indexer_where_the_rule_does_not_choose_b12x(
     monkeypatch, caplog, capability, b12x
 ):
-    # the GPU is the stand-in: its kernels run, its architecture is `capability`
-    monkeypatch.setattr(indexer_hooks, "_gpu", lambda: (capability, None))
+    from b12x.integration.vllm import speed_rule
+
+    # the GPU is the stand-in: its kernels run, its architecture is `capability`,
+    # vLLM has DeepGEMM
+    monkeypatch.setattr(speed_rule, "stock_fast_path", lambda inside_vllm: True)
+    monkeypatch.setattr(
+        indexer_hooks, "_device_reason", lambda: indexer_hooks._speed_reason(capability)
+    )
     config = s.make_config()
     with caplog.at_level(logging.INFO, logger="b12x.integration.vllm"):
         assert indexer_hooks.install(config) is b12x
-    if b12x:  # no DeepGEMM on sm_89: stock vLLM has no fast path there
+    if b12x:  # vLLM runs no DeepGEMM on sm_89: b12x is the only fast path there
         cls = DeepseekV4Attention._get_indexer_cls(None, config)
         assert cls is backend.B12xDeepseekV4Indexer
+        assert indexer_hooks.decline_reason() is None
         return
-    arch = f"sm_{capability[0]}{capability[1]}"
     reason = indexer_hooks.decline_reason()
-    assert reason.startswith(f"no b12x vs stock vLLM figures for decode on {arch}")
-    assert "prefill" in reason and "(one layer serves both modes)" in reason
+    arch = f"sm_{capability[0]}{capability[1]}"
+    assert arch in reason and "stock" in reason
     logged = [r.getMessage() for r in caplog.records if "b12x indexer not used" in r.getMessage()]
     assert logged == [f"b12x indexer not used: {reason}; vLLM's own indexer runs"]
     assert DeepseekV4Attention._get_indexer_cls(None, config) is DeepseekV4Indexer

@@ -70,26 +70,7 @@ def test_doctor_says_why_the_indexer_would_not_be_used_here():
     if not torch.cuda.is_available():
         assert (
             "not used           no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"
-            in (out)
+            "; vLLM's own indexer runs" in out
         )
-    else:  # one line per mode, with the figures or why there are none
-        assert "    decode" in out and "    prefill" in out
-
-
-def test_the_indexer_rows_give_each_modes_choice_and_its_figures(monkeypatch):
-    from b12x.integration.vllm import indexer_choice
-
-    def on_an_h200(device=0):
-        modes = indexer_choice.choose((9, 0), "exact")
-        return {
-            "modes": {m: (c.b12x, c.why) for m, c in modes.items()},
-            "why_not": indexer_choice.layer_reason((9, 0), "exact"),
-        }
-
-    monkeypatch.setattr(plugin, "indexer_status", on_an_h200)
-    rows = dict(plugin.status_lines(plugin.status({plugin.ENV: "indexer"})))
-    assert (
-        rows["    decode"] == "vLLM's own path: no b12x vs stock vLLM figures for decode on sm_90"
-    )
-    assert rows["    prefill"].startswith("vLLM's own path: no b12x vs stock vLLM figures")
-    assert rows["    not used"].endswith("(one layer serves both modes); vLLM's own indexer runs")
+    else:  # each GPU's row gives the speed rule's decision (test_gpu_plugin.py)
+        assert "vLLM indexer with B12X_VLLM=indexer: " in out

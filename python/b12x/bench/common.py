@@ -24,6 +24,8 @@ class BenchResult:
     results: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     ok: bool = True
+    # extra row keys the printed table shows, in order (None: every key); JSON keeps them all
+    columns: list[str] | None = None
 
     def add(self, case: str, arm: str, samples_us: list[float], **extra: Any) -> dict[str, Any]:
         row = {
@@ -239,7 +241,11 @@ def meta(config: dict[str, Any]) -> dict[str, Any]:
 
 def write_report(result: BenchResult, json_path: str | None) -> None:
     rows = result.results
-    extra_keys = sorted({k for r in rows for k in r} - {"case", "arm", "median_us", "samples_us"})
+    present = {k for r in rows for k in r} - {"case", "arm", "median_us", "samples_us"}
+    if result.columns is None:
+        extra_keys = sorted(present)
+    else:
+        extra_keys = [k for k in result.columns if k in present]
     header = ["case", "arm", "median_us", "min_us", *extra_keys]
     table = [header]
     for r in rows:
@@ -263,5 +269,6 @@ def write_report(result: BenchResult, json_path: str | None) -> None:
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return f"{v:.3f}"
+        # small magnitudes (relative errors) keep their digits
+        return f"{v:.2e}" if 0 < abs(v) < 1e-3 else f"{v:.3f}"
     return "" if v is None else str(v)

@@ -12,6 +12,14 @@ gather the pages, a bf16 GEMM per head, relu * weight, sum over heads, times
 the per-token scale, mask, `torch.topk`. The table adds the HBM floor (K
 cache, Q and outputs at 4.3 TB/s) and the FP8 floor (2 * rows * heads * 128 *
 live tokens at 1979 TFLOP/s, Hopper's dense FP8 wgmma peak from the datasheet).
+
+The peer is stock vLLM 0.33's Hopper indexer (:mod:`b12x.bench.indexer_stock`):
+DeepGEMM's logits (``deepgemm_logits``, ``deepgemm_metadata``, the prefill
+``kgather``) and ``stock_vllm``, DeepGEMM's logits plus vLLM's top-k; each
+skipped with its reason where its package does not import. Every whole-call
+b12x row gets ``vs_stock`` (its median / ``stock_vllm``'s); ``score_only:b12x``
+and ``score_only:b12x_fast`` (the scorers alone, a score-only plan) get
+``vs_peer`` against ``deepgemm_logits``, ``topk_only:b12x`` against vLLM's top-k.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from b12x._cli_args import positive_int
 from b12x._core import INDEXER_MMA_FLAVORS
 from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
 from b12x._core import INDEXER_PAGE_SIZE as PAGE
+from b12x.bench import indexer_peers as peers
+from b12x.bench import indexer_stock
 from b12x.bench.common import BenchResult, l2_flusher, time_graph_us
 
 if TYPE_CHECKING:
@@ -67,6 +77,18 @@ CASES = {
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
 # MMA flavors a plan can be forced to (the test-only option of _core.indexer_build_plan).
 FLAVORS: tuple[str, ...] = INDEXER_MMA_FLAVORS
+# what the printed table shows besides case, arm, median and min (the JSON has every key)
+TABLE_COLUMNS = [
+    "vs_stock",
+    "vs_peer",
+    "peer",
+    "mma_flavor",
+    "topk_overlap_min",
+    "logits_max_rel_err",
+    "check_ok",
+    "topk_kernel",
+    "topk_source",
+]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,6 +98,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--torch-iters", type=positive_int, default=10, help="timed replays of the torch arm"
     )
     p.add_argument("--no-torch", action="store_true", help="skip the torch arm")
+    p.add_argument(
+        "--no-deepgemm",
+        action="store_true",
+        help="skip the stock vLLM peer (DeepGEMM logits + vLLM's top-k)",
+    )
     p.add_argument(
         "--flavor-arms",
         nargs="*",
@@ -196,6 +223,63 @@ def topk_only_arms(
     result.add(case.name, "topk_only:torch", samples, **extra)
 
 
+def score_only_arms(
+    result: BenchResult,
+    case: Case,
+    caps_of: Callable[[str], Any],
+    bind: Callable[..., Any],
+    args: argparse.Namespace,
+    flush: Callable[[], object],
+    extra: dict[str, Any],
+) -> None:
+    """The scorers alone: ``score_only:b12x`` and ``score_only:b12x_fast``,
+    through plans that skip the top-k (``indexer_build_plan(score_only=True)``).
+    Skipped, with the reason, where this b12x has no such plan."""
+    from b12x import _core
+    from b12x.attention import dsa_indexer as di
+
+    # Any: the option is new (main adds it to _core); older builds raise TypeError
+    build_plan: Any = _core.indexer_build_plan
+    for arm, precision in (("score_only:b12x", "exact"), ("score_only:b12x_fast", "fast")):
+        try:
+            plan = build_plan(caps_of(precision), score_only=True)
+        except TypeError as e:
+            if "score_only" not in str(e):
+                raise
+            note = f"score_only arms skipped: _core.indexer_build_plan has no score_only ({e})"
+            if note not in result.notes:
+                result.notes.append(note)
+            return
+        stage = bind(plan)
+        samples = time_graph_us(partial(di.run, stage), args.iters, flush=flush)
+        fields = {**extra, "mma_flavor": plan.mma_flavor, "precision": precision}
+        result.add(case.name, arm, samples, **fields)
+        del stage
+
+
+def peer_env(args: argparse.Namespace, dev: int) -> peers.PeerEnv:
+    """The peers this run measures against (DeepGEMM, vLLM's ops), found once."""
+    import torch
+
+    capability = torch.cuda.get_device_capability(dev)
+    if args.no_deepgemm:
+        deep_gemm = peers.Found(None, "skipped (--no-deepgemm)")
+        vllm_ops = peers.Found(None, "skipped (--no-deepgemm)")
+    else:
+        deep_gemm = peers.import_deep_gemm()
+        if deep_gemm.ok and peers.enable_pdl_as_vllm(deep_gemm.module, capability):
+            deep_gemm = peers.Found(deep_gemm.module, deep_gemm.detail + ", PDL on as in vLLM")
+        vllm_ops = peers.import_vllm_ops()
+    return peers.PeerEnv(
+        deep_gemm=deep_gemm,
+        vllm_ops=vllm_ops,
+        stored=peers.load_stored_topk(),
+        device_name=torch.cuda.get_device_name(dev),
+        capability=capability,
+        sms=torch.cuda.get_device_properties(dev).multi_processor_count,
+    )
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
@@ -203,12 +287,22 @@ def run(args: argparse.Namespace) -> BenchResult:
     from b12x.attention import dsa_indexer as di
 
     result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters})
+    result.columns = TABLE_COLUMNS
     if not torch.cuda.is_available() or not di.is_supported():
         result.notes.append("no supported CUDA device: nothing to measure")
         result.ok = False
         return result
     dev = torch.cuda.current_device()
     flush = l2_flusher(dev)
+    env = peer_env(args, dev)
+    result.config["peers"] = peers.peer_summary(env)
+    for name, found in (("stock vLLM peer", env.deep_gemm), ("vLLM's compiled ops", env.vllm_ops)):
+        if not found.ok:
+            result.notes.append(f"{name}: {found.detail}")
+
+    def measure(fn: Callable[[], object]) -> list[float]:
+        return time_graph_us(fn, args.iters, flush=flush)
+
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
@@ -250,9 +344,9 @@ def run(args: argparse.Namespace) -> BenchResult:
 
         binding = bind(plan)
         hbm, mma = floors_us(case)
+        floors = {"hbm_floor_us": hbm, "fp8_floor_us": mma}
         extra = {
-            "hbm_floor_us": hbm,
-            "fp8_floor_us": mma,
+            **floors,
             "supertile": plan.supertile_tokens,
             "slices": plan.topk_slices,
             "mma_flavor": plan.mma_flavor,
@@ -261,6 +355,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             name, "b12x", time_graph_us(partial(di.run, binding), args.iters, flush=flush), **extra
         )
         topk_only_arms(result, case, caps, binding, bind, args, flush, extra)
+        score_only_arms(result, case, caps_of, bind, args, flush, extra)
         fast = bind(di.plan(caps_of("fast")))
         result.add(
             name,
@@ -299,6 +394,15 @@ def run(args: argparse.Namespace) -> BenchResult:
                 f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
             )
             del ref
-        del q, w, kcache, table, binding
+        inputs = (q, w, kcache, table, lengths, aw)
+        indexer_stock.peer_arms(result, case, inputs, env, measure, floors)
+        stock = [r for r in result.results if r["case"] == name and r["arm"] == "stock_vllm"]
+        if stock:
+            result.notes.append(
+                f"{name}: stock vLLM {stock[0]['median_us']:.1f} us "
+                f"(top-k {stock[0]['topk_kernel']}, {stock[0]['topk_source']}); "
+                f"b12x {b['vs_stock']:.2f}x of it"
+            )
+        del q, w, kcache, table, binding, inputs
         torch.cuda.empty_cache()
     return result

@@ -12,15 +12,18 @@
 use std::ffi::c_void;
 
 use b12x_core::indexer::{
-    Binding, IndexSpace, MmaFlavor, PageFault, RegionId, Route, HEAD_DIM, MAX_HEADS, PAGE_BYTES,
-    PAGE_SIZE, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK,
+    Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages, HEAD_DIM, MAX_HEADS,
+    PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK,
+    TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS,
 };
+use b12x_core::Device;
 use cudarc::driver::sys;
 
 use crate::device::{loaded, with_context, DeviceModules, STATUS_BYTES};
 use crate::error::{CudaError, DriverContext, Result};
 use crate::launch::{launch, LaunchConfig};
 use crate::ptx::Kernel;
+use crate::tma::{Element, TensorMap, Tiled};
 
 // Host mirrors of the kernels' tile constants (pinned by a test against the
 // kernel sources, `kernel_constants_match_the_sources`).
@@ -41,6 +44,11 @@ const WGMMA_PREFILL_STAGES: u32 = 4;
 const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
+/// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
+/// two consumer warpgroups per CTA, K rings of these depths.
+const HOPPER_THREADS: u32 = 384;
+const HOPPER_DECODE_STAGES: u32 = 16;
+const HOPPER_PREFILL_STAGES: u32 = 8;
 
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
 /// (as f16, or as FP8 for the fast flavor), the ring's scales, the weights
@@ -70,6 +78,7 @@ pub fn wgmma_prefill_pages_per_cta(rows: u32, supertile: u32, multiprocessors: u
 }
 
 #[repr(C)]
+#[derive(Debug, Clone, Copy)]
 struct ScoreParams {
     q: u64,
     weights: u64,
@@ -90,6 +99,16 @@ struct ScoreParams {
     pages_per_cta: u32,
     pages: u32,
     pad: u32,
+}
+
+/// Parameters of the TMA-fed scorers (`HopperParams` in
+/// kernels/indexer_hopper.cu): three tensor maps, then the common block.
+#[repr(C)]
+struct HopperParams {
+    k_map: TensorMap,
+    scale_map: TensorMap,
+    q_map: TensorMap,
+    s: ScoreParams,
 }
 
 #[repr(C)]
@@ -119,6 +138,51 @@ struct TopkParams {
     pages: u32,
     stage_cap: u32,
     hit_cap: u32,
+}
+
+/// Parameters of the cluster selection (`SelectParams` in kernels/indexer_select.cu).
+#[repr(C)]
+struct SelectParams {
+    logits: u64,
+    lengths: u64,
+    active_width: u64,
+    page_table: u64,
+    out_indices: u64,
+    out_scores: u64,
+    logits_row_stride: u64,
+    pt_row_stride: u64,
+    rows: u32,
+    width: u32,
+    topk: u32,
+    physical: u32,
+    pages: u32,
+    pad: u32,
+}
+
+/// Threads of a cluster-selection CTA and the most logits each holds.
+const SELECT_THREADS: u32 = 1024;
+const SELECT_MAX_PER_THREAD: u32 = 16;
+const SELECT_MAX_CLUSTER: u32 = 8;
+
+/// The cluster shape for `rows` rows of `supertile` logits on `sms` SMs:
+/// (CTAs per row, logits per thread). One CTA per SM (1024 threads at 56-64
+/// registers); clusters grow while every row's cluster still fits one wave.
+pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
+    let per_cta = SELECT_THREADS * SELECT_MAX_PER_THREAD;
+    let mut cluster = supertile.div_ceil(per_cta).max(1).next_power_of_two();
+    while cluster < SELECT_MAX_CLUSTER && rows as u64 * 2 * cluster as u64 <= sms as u64 {
+        cluster *= 2;
+    }
+    let per = supertile.div_ceil(cluster * SELECT_THREADS).next_power_of_two().max(4);
+    (cluster, per)
+}
+
+fn select_kernel(per: u32) -> Kernel {
+    match per {
+        4 => Kernel::IndexerSelectP4,
+        8 => Kernel::IndexerSelectP8,
+        _ => Kernel::IndexerSelectP16,
+    }
 }
 
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
@@ -241,7 +305,7 @@ pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
 }
 
 /// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
-const SCORERS: [[[Kernel; 4]; 4]; 2] = {
+const SCORERS: [[[Kernel; 4]; 5]; 2] = {
     use Kernel::*;
     [
         [
@@ -263,6 +327,12 @@ const SCORERS: [[[Kernel; 4]; 4]; 2] = {
                 IndexerWgmmaFp8DecodeH32,
                 IndexerWgmmaFp8DecodeH48,
                 IndexerWgmmaFp8DecodeH64,
+            ],
+            [
+                IndexerTmaFp8DecodeH16,
+                IndexerTmaFp8DecodeH32,
+                IndexerTmaFp8DecodeH48,
+                IndexerTmaFp8DecodeH64,
             ],
         ],
         [
@@ -290,6 +360,12 @@ const SCORERS: [[[Kernel; 4]; 4]; 2] = {
                 IndexerWgmmaFp8PrefillH48,
                 IndexerWgmmaFp8PrefillH64,
             ],
+            [
+                IndexerTmaFp8PrefillH16,
+                IndexerTmaFp8PrefillH32,
+                IndexerTmaFp8PrefillH48,
+                IndexerTmaFp8PrefillH64,
+            ],
         ],
     ]
 };
@@ -314,39 +390,144 @@ fn flavors_in(modules: &DeviceModules) -> Vec<MmaFlavor> {
     MmaFlavor::ALL.into_iter().filter(|&f| loaded(f)).collect()
 }
 
-/// Pages per CTA and launch shape of the scorer: static shapes only.
-fn scorer_config(
-    route: Route,
-    flavor: MmaFlavor,
-    rows: u32,
-    heads: u32,
-    supertile: u32,
-    sms: u32,
-) -> (u32, LaunchConfig) {
-    let chunk_pages = supertile / PAGE_SIZE;
-    let heads_padded = heads.div_ceil(16) * 16;
-    let fp8 = flavor == MmaFlavor::WgmmaFp8;
-    match (route, flavor) {
-        (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
-            let ppc = decode_pages_per_cta(rows, supertile, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
-            let grid = (rows, chunk_pages.div_ceil(ppc), 1);
-            (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
-        }
-        (Route::SharedPrefill, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
-            let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
-            let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS, fp8);
-            let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
-            (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes })
-        }
-        (Route::PagedDecode, _) => {
-            let ppc = decode_pages_per_cta(rows, supertile, sms);
-            let grid = (rows, chunk_pages.div_ceil(ppc), 1);
-            (ppc, LaunchConfig { grid, block: (DECODE_THREADS, 1, 1), shared_bytes: 0 })
-        }
-        (Route::SharedPrefill, _) => {
-            let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
-            (0, LaunchConfig { grid, block: (PREFILL_THREADS, 1, 1), shared_bytes: 0 })
+/// How a scorer's grid follows the live rows (everything else about its
+/// launch is fixed by the plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScorerGrid {
+    /// One CTA per (row, span of pages) (indexer_decode.cu, the wgmma decode).
+    DecodeRows { block: u32, shared_bytes: u32 },
+    /// One CTA per (block of 4 rows, span of pages) (the wgmma prefill).
+    WgmmaPrefill { shared_bytes: u32 },
+    /// One CTA per (512 tokens, 64 rows) (indexer_prefill.cu).
+    PrefillTiles,
+    /// Persistent CTAs, one per SM, fed by TMA (indexer_hopper.cu).
+    Tma { shared_bytes: u32, heads_padded: u32, block_rows: u32 },
+}
+
+/// What a plan launches, resolved when the plan is made: the scorer and its
+/// launch shape, the selection kernels and their shared memory. A launch
+/// only fills the parameter blocks from a binding and enqueues.
+#[derive(Debug, Clone)]
+pub struct LaunchRecipe {
+    status: u64,
+    multiprocessors: u32,
+    scorer: Kernel,
+    grid: ScorerGrid,
+    /// Fold kernels by live rows: at most one row per SM, or more.
+    fold_few: (Kernel, TopkStage),
+    fold_many: (Kernel, TopkStage),
+    slices: u32,
+    slice_len: u32,
+    /// One-chunk decode on Hopper: the cluster selection (indexer_select.cu)
+    /// instead of the fold.
+    cluster_select: bool,
+    physical: bool,
+    stages: Stages,
+}
+
+/// Threads and dynamic shared memory of the TMA-fed scorers (mirrors
+/// `HpSmem` in kernels/indexer_hopper.cu; the kernel traps if given less).
+pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
+    let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
+    let q_stage = block_rows * heads_padded * HEAD_DIM;
+    let k = stages * PAGE_SIZE * HEAD_DIM;
+    let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
+    let barriers = (2 * stages + 4) * 8;
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
+    k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
+}
+
+impl LaunchRecipe {
+    /// The recipe of `plan` on its device (whose modules must be loaded).
+    pub fn new(plan: &Plan) -> Result<LaunchRecipe> {
+        let Device::Cuda(ordinal) = plan.caps().device else {
+            return Err(CudaError::Core(b12x_core::Error::Device {
+                op: "plan",
+                operand: "caps.device".into(),
+                expected: Device::Cuda(0),
+                got: plan.caps().device,
+            }));
+        };
+        let modules = loaded(ordinal)?;
+        // A CUDA plan always resolves a flavor (core's Plan::with_options).
+        let flavor = plan.mma_flavor().unwrap_or(MmaFlavor::F16);
+        let route = plan.route();
+        let heads_padded = plan.heads_padded();
+        let fp8 = flavor == MmaFlavor::WgmmaFp8;
+        let grid = match (route, flavor) {
+            (_, MmaFlavor::TmaFp8) => {
+                let block_rows =
+                    if route == Route::PagedDecode { 1 } else { TMA_PREFILL_BLOCK_ROWS };
+                let shared_bytes = hopper_shared_bytes(heads_padded, block_rows);
+                ScorerGrid::Tma { shared_bytes, heads_padded, block_rows }
+            }
+            (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
+                let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
+                ScorerGrid::DecodeRows { block: WGMMA_THREADS, shared_bytes }
+            }
+            (Route::SharedPrefill, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
+                let shared_bytes = wgmma_shared_bytes(heads_padded, WGMMA_PREFILL_ROWS, fp8);
+                ScorerGrid::WgmmaPrefill { shared_bytes }
+            }
+            (Route::PagedDecode, _) => {
+                ScorerGrid::DecodeRows { block: DECODE_THREADS, shared_bytes: 0 }
+            }
+            (Route::SharedPrefill, _) => ScorerGrid::PrefillTiles,
+        };
+        let (sms, opt_in) = (plan.multiprocessors(), modules.shared_opt_in);
+        let (topk, s) = (plan.caps().topk, plan.supertile());
+        // Candidates per fold CTA: the carry + the chunk.
+        let fold = |rows| topk_fold_kernel(rows, topk, topk + s, sms, opt_in);
+        Ok(LaunchRecipe {
+            status: modules.status,
+            multiprocessors: sms,
+            scorer: scorer(route, flavor, plan.caps().num_q_heads),
+            grid,
+            fold_few: fold(sms),
+            fold_many: fold(sms + 1),
+            slices: plan.topk_slices(),
+            slice_len: slice_len(s, plan.topk_slices()),
+            cluster_select: route == Route::PagedDecode
+                && plan.max_chunks() == 1
+                && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
+                && modules.has(Kernel::IndexerSelectP4),
+            physical: plan.caps().index_space == IndexSpace::Physical,
+            stages: plan.stages(),
+        })
+    }
+
+    /// The scorer's launch shape for `rows` live rows of a plan with
+    /// `supertile`-token chunks, and the pages one CTA scores (grid scorers).
+    fn scorer_launch(&self, rows: u32, supertile: u32) -> (u32, LaunchConfig) {
+        let chunk_pages = supertile / PAGE_SIZE;
+        let sms = self.multiprocessors;
+        match self.grid {
+            ScorerGrid::DecodeRows { block, shared_bytes } => {
+                let ppc = decode_pages_per_cta(rows, supertile, sms);
+                let grid = (rows, chunk_pages.div_ceil(ppc), 1);
+                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes, cluster: 1 })
+            }
+            ScorerGrid::WgmmaPrefill { shared_bytes } => {
+                let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
+                let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
+                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes, cluster: 1 })
+            }
+            ScorerGrid::PrefillTiles => {
+                let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
+                (
+                    0,
+                    LaunchConfig {
+                        grid,
+                        block: (PREFILL_THREADS, 1, 1),
+                        shared_bytes: 0,
+                        cluster: 1,
+                    },
+                )
+            }
+            ScorerGrid::Tma { shared_bytes, .. } => {
+                let grid = (sms, 1, 1);
+                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes, cluster: 1 })
+            }
         }
     }
 }
@@ -364,51 +545,72 @@ fn debug_check(b: &Binding) {
     );
     debug_assert!(a.rows <= plan.rows_capacity() && a.width <= plan.width_capacity());
     debug_assert!(a.page_stride >= PAGE_BYTES && a.width as u64 * 64 <= i32::MAX as u64);
+    debug_assert!(a.page_stride % 16 == 0 && a.kcache % 16 == 0 && a.q % 16 == 0);
     debug_assert!([a.q, a.weights, a.kcache, a.page_table, a.lengths, a.out_indices, a.scratch]
         .iter()
         .all(|&p| p != 0));
+    debug_assert!(b.plan().caps().device == Device::Cuda(a.device));
+}
+
+/// The TMA scorers' tensor maps of one call: K pages (the cache's page
+/// stride), their scales, and the rows' Q (out-of-range heads and rows read
+/// as zeros).
+fn hopper_maps(
+    a: &b12x_core::indexer::IndexerArgs,
+    heads_padded: u32,
+    block_rows: u32,
+) -> Result<[TensorMap; 3]> {
+    let pages = a.pages.max(1);
+    let k = Tiled {
+        element: Element::U8,
+        address: a.kcache,
+        dims: &[HEAD_DIM as u64, PAGE_SIZE as u64, pages],
+        strides: &[HEAD_DIM as u64, a.page_stride],
+        boxes: &[HEAD_DIM, PAGE_SIZE, 1],
+        swizzle128: true,
+    }
+    .encode("the index K cache's pages")?;
+    let scales = Tiled {
+        element: Element::F32,
+        address: a.kcache + SCALE_OFFSET,
+        dims: &[PAGE_SIZE as u64, pages],
+        strides: &[a.page_stride],
+        boxes: &[PAGE_SIZE, 1],
+        swizzle128: false,
+    }
+    .encode("the index K cache's scales")?;
+    let q = Tiled {
+        element: Element::U8,
+        address: a.q,
+        dims: &[HEAD_DIM as u64, a.heads as u64, a.rows.max(1) as u64],
+        strides: &[HEAD_DIM as u64, a.heads as u64 * HEAD_DIM as u64],
+        boxes: &[HEAD_DIM, heads_padded, block_rows],
+        swizzle128: true,
+    }
+    .encode("q_fp8")?;
+    Ok([k, scales, q])
 }
 
 /// Enqueues the whole indexer call of `b` on `stream` (a CUstream of the
-/// binding's device): no allocation, no sync. A call with zero rows
-/// enqueues nothing.
+/// binding's device) as `recipe` (the binding's plan's) says: no allocation,
+/// no sync. A call with zero rows enqueues nothing.
 ///
 /// # Safety
 /// `b` must come from `bind` over live tensors of its device (every address
 /// valid for the accesses its documented shape implies, the scratch at least
-/// `plan.nbytes()` bytes and disjoint from the operands), and `stream` must
-/// belong to that device.
-pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
+/// `plan.nbytes()` bytes and disjoint from the operands), `recipe` must be
+/// `LaunchRecipe::new(b.plan())`, and `stream` must belong to that device.
+pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) -> Result<()> {
     debug_check(b);
     let (plan, a) = (b.plan(), b.args());
     if a.rows == 0 {
         return Ok(());
     }
-    let Some(flavor) = plan.mma_flavor() else {
-        return Err(CudaError::Core(b12x_core::Error::Device {
-            op: "run",
-            operand: "binding".into(),
-            expected: b12x_core::Device::Cuda(a.device),
-            got: plan.caps().device,
-        }));
-    };
-    let status = loaded(a.device)?.status;
     let s = plan.supertile();
     let chunks = num_chunks(a.width, s).max(1);
-    let route = plan.route();
-    let score_kernel = scorer(route, flavor, a.heads);
-    let (pages_per_cta, score_config) =
-        scorer_config(route, flavor, a.rows, a.heads, s, plan.multiprocessors());
-    let slices = plan.topk_slices();
+    let (pages_per_cta, score_config) = recipe.scorer_launch(a.rows, s);
     let pages = kernel_pages(a.pages);
-    let (sms, opt_in) = (plan.multiprocessors(), loaded(a.device)?.shared_opt_in);
-    let slen = slice_len(s, slices);
-    // Candidates per fold CTA: the carry + the chunk.
-    let (fold_kernel, fold) = topk_fold_kernel(a.rows, a.topk, a.topk + s, sms, opt_in);
-    // The two-stage kernels run the general paths only (no stage): the staged
-    // forms measured slower on one H200 (bench-results/h200/topk-notes.md).
-    let (slice, merge) = (TopkStage::GENERAL, TopkStage::GENERAL);
-    let partial = |id| if slices > 1 { b.region_address(id) } else { 0 };
+    let partial = |id| if recipe.slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
         lengths: a.lengths,
@@ -429,55 +631,113 @@ pub unsafe fn launch_indexer(b: &Binding, stream: u64) -> Result<()> {
         chunk: 0,
         num_chunks: chunks,
         chunk_len: s,
-        slices,
-        slice_len: slen,
-        physical: (plan.caps().index_space == IndexSpace::Physical) as u32,
+        slices: recipe.slices,
+        slice_len: recipe.slice_len,
+        physical: recipe.physical as u32,
         pages,
         stage_cap: 0,
         hit_cap: 0,
     };
-    let topk_block = (TOPK_THREADS, 1, 1);
+    let score = ScoreParams {
+        q: a.q,
+        weights: a.weights,
+        kcache: a.kcache,
+        page_table: a.page_table,
+        lengths: a.lengths,
+        active_width: a.active_width,
+        logits: tp.logits,
+        status: recipe.status,
+        page_stride: a.page_stride,
+        pt_row_stride: a.page_table_row_stride,
+        logits_row_stride: s as u64,
+        rows: a.rows,
+        heads: a.heads,
+        width: a.width,
+        chunk_start: 0,
+        chunk_len: s,
+        pages_per_cta,
+        pages,
+        pad: 0,
+    };
+    let mut hopper = match recipe.grid {
+        ScorerGrid::Tma { heads_padded, block_rows, .. } if recipe.stages.scores() => {
+            let [k_map, scale_map, q_map] = hopper_maps(a, heads_padded, block_rows)?;
+            Some(HopperParams { k_map, scale_map, q_map, s: score })
+        }
+        _ => None,
+    };
+    let mut score = score;
+    let fold = if a.rows <= recipe.multiprocessors { recipe.fold_few } else { recipe.fold_many };
+    // The two-stage kernels run the general paths only (no stage): the staged
+    // forms measured slower on one H200 (bench-results/h200/topk-notes.md).
+    let select: &[(Kernel, (u32, u32, u32), TopkStage)] = if recipe.slices == 1 {
+        &[(fold.0, (a.rows, 1, 1), fold.1)]
+    } else {
+        &[
+            (Kernel::IndexerTopkSlice, (a.rows, recipe.slices, 1), TopkStage::GENERAL),
+            (Kernel::IndexerTopkMerge, (a.rows, 1, 1), TopkStage::GENERAL),
+        ]
+    };
+    if recipe.cluster_select {
+        debug_assert!(chunks == 1);
+    }
     for c in 0..chunks {
-        let mut sp = ScoreParams {
-            q: a.q,
-            weights: a.weights,
-            kcache: a.kcache,
-            page_table: a.page_table,
-            lengths: a.lengths,
-            active_width: a.active_width,
-            logits: tp.logits,
-            status,
-            page_stride: a.page_stride,
-            pt_row_stride: a.page_table_row_stride,
-            logits_row_stride: s as u64,
-            rows: a.rows,
-            heads: a.heads,
-            width: a.width,
-            chunk_start: c * s,
-            chunk_len: s,
-            pages_per_cta,
-            pages,
-            pad: 0,
-        };
-        let mut args = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-        if !plan.topk_only() {
-            // SAFETY: ScoreParams mirrors the kernels' parameter struct; pointer
-            // validity is the caller's contract.
-            unsafe { launch(a.device, score_kernel, score_config, stream, &mut args)? };
+        if recipe.stages.scores() {
+            score.chunk_start = c * s;
+            let mut args = match hopper.as_mut() {
+                Some(h) => {
+                    h.s.chunk_start = c * s;
+                    [std::ptr::addr_of_mut!(*h) as *mut c_void]
+                }
+                None => [std::ptr::addr_of_mut!(score) as *mut c_void],
+            };
+            // SAFETY: ScoreParams / HopperParams mirror the kernels' parameter
+            // structs; pointer validity is the caller's contract.
+            unsafe { launch(a.device, recipe.scorer, score_config, stream, &mut args)? };
+        }
+        if !recipe.stages.selects() {
+            continue;
+        }
+        if recipe.cluster_select {
+            let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
+            let mut sp = SelectParams {
+                logits: tp.logits,
+                lengths: a.lengths,
+                active_width: a.active_width,
+                page_table: a.page_table,
+                out_indices: a.out_indices,
+                out_scores: a.out_scores,
+                logits_row_stride: s as u64,
+                pt_row_stride: a.page_table_row_stride,
+                rows: a.rows,
+                width: a.width,
+                topk: a.topk,
+                physical: recipe.physical as u32,
+                pages,
+                pad: 0,
+            };
+            let cfg = LaunchConfig {
+                grid: (cluster, a.rows, 1),
+                block: (SELECT_THREADS, 1, 1),
+                shared_bytes: 0,
+                cluster,
+            };
+            let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
+            // SAFETY: SelectParams mirrors the kernel's struct; the one chunk's
+            // logits and the outputs are the binding's.
+            unsafe { launch(a.device, select_kernel(per), cfg, stream, &mut sargs)? };
+            continue;
         }
         tp.chunk = c;
-        let steps: &[(Kernel, (u32, u32, u32), TopkStage)] = if slices == 1 {
-            &[(fold_kernel, (a.rows, 1, 1), fold)]
-        } else {
-            &[
-                (Kernel::IndexerTopkSlice, (a.rows, slices, 1), slice),
-                (Kernel::IndexerTopkMerge, (a.rows, 1, 1), merge),
-            ]
-        };
-        for &(kernel, grid, stage) in steps {
+        for &(kernel, grid, stage) in select {
             tp.stage_cap = stage.stage_cap;
             tp.hit_cap = stage.hit_cap;
-            let cfg = LaunchConfig { grid, block: topk_block, shared_bytes: stage.shared_bytes };
+            let cfg = LaunchConfig {
+                grid,
+                block: (TOPK_THREADS, 1, 1),
+                shared_bytes: stage.shared_bytes,
+                cluster: 1,
+            };
             let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
             // SAFETY: as above, TopkParams mirrors the kernels' struct.
             unsafe { launch(a.device, kernel, cfg, stream, &mut targs)? };
@@ -522,6 +782,8 @@ mod tests {
             include_str!("../../../kernels/indexer_prefill.cu"),
             include_str!("../../../kernels/indexer_wgmma.cu"),
             include_str!("../../../kernels/indexer_topk.cu"),
+            include_str!("../../../kernels/indexer_hopper.cu"),
+            include_str!("../../../kernels/indexer_select.cu"),
         ];
         for (name, value) in [
             // b12x_core::indexer: the page format and the status record
@@ -547,6 +809,12 @@ mod tests {
             ("WG_PREFILL_STAGES", WGMMA_PREFILL_STAGES as u64),
             ("WG_PREFILL_ROWS", WGMMA_PREFILL_ROWS as u64),
             ("WG_PREFILL_MIN_CTAS", WGMMA_PREFILL_CTAS_PER_SM as u64),
+            ("HP_THREADS", HOPPER_THREADS as u64),
+            ("HP_DECODE_STAGES", HOPPER_DECODE_STAGES as u64),
+            ("HP_PREFILL_STAGES", HOPPER_PREFILL_STAGES as u64),
+            ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
+            ("HP_MAX_BLOCKS", TMA_MAX_ROW_BLOCKS as u64),
+            ("SEL_THREADS", SELECT_THREADS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");
         }
@@ -561,6 +829,48 @@ mod tests {
         // 11 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
         assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
+        // three 64-byte aligned 128-byte tensor maps, then the score block, padded to 64
+        assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
+        assert_eq!(std::mem::size_of::<HopperParams>(), 512);
+        assert_eq!(std::mem::align_of::<HopperParams>(), 64);
+        assert_eq!(std::mem::size_of::<SelectParams>(), 8 * 8 + 6 * 4);
+    }
+
+    #[test]
+    fn cluster_select_shapes() {
+        // 64 rows x 32768: two CTAs per row fill one wave of 132 SMs
+        assert_eq!(select_shape(64, 32768, 132), (2, 16));
+        // one row x 131072: the largest cluster, 16 logits per thread
+        assert_eq!(select_shape(1, 131072, 132), (8, 16));
+        assert_eq!(select_shape(16, 65536, 132), (8, 8));
+        assert_eq!(select_shape(1, 4096, 132), (8, 4));
+        // many rows: the smallest cluster that covers the row
+        assert_eq!(select_shape(4096, 32768, 132), (2, 16));
+        for (rows, st) in [(1, 512), (3, 1536), (64, 131072), (1000, 8192)] {
+            let (cluster, per) = select_shape(rows, st, 132);
+            assert!(cluster.is_power_of_two() && cluster <= SELECT_MAX_CLUSTER);
+            assert!([4, 8, 16].contains(&per) && cluster * SELECT_THREADS * per >= st);
+        }
+    }
+
+    #[test]
+    fn hopper_shapes_fit_the_h200() {
+        const H200: u32 = 232448;
+        // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers, the scan
+        assert_eq!(
+            hopper_shared_bytes(64, 1),
+            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
+        );
+        // prefill: 8 rows x 64 heads of Q per stage
+        assert_eq!(
+            hopper_shared_bytes(64, 8),
+            8 * 8192 + 2 * 65536 + 8 * 260 + 20 * 8 + 4097 * 4 + 128 + 1024
+        );
+        for heads in [16, 32, 48, 64] {
+            for rows in [1, TMA_PREFILL_BLOCK_ROWS] {
+                assert!(hopper_shared_bytes(heads, rows) <= H200, "{heads} x {rows}");
+            }
+        }
     }
 
     #[test]
@@ -644,7 +954,10 @@ mod tests {
                 let tag = flavor.name();
                 for (heads, tile) in [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64)] {
                     let symbol = scorer(route, flavor, heads).symbol();
-                    let flavor_first = matches!(flavor, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8);
+                    let flavor_first = matches!(
+                        flavor,
+                        MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8 | MmaFlavor::TmaFp8
+                    );
                     let expected = if flavor_first {
                         format!("b12x_indexer_{tag}_{name}_h{tile}")
                     } else {

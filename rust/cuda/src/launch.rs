@@ -20,11 +20,14 @@ pub struct LaunchConfig {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_bytes: u32,
+    /// CTAs per thread block cluster along x (sm_90+; 1: no cluster). The
+    /// grid's x extent is a multiple of it.
+    pub cluster: u32,
 }
 
 impl LaunchConfig {
     pub const fn linear(grid: u32, block: u32) -> Self {
-        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0 }
+        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0, cluster: 1 }
     }
 }
 
@@ -67,6 +70,33 @@ pub unsafe fn launch(
         });
     }
     let f = modules.function(kernel);
+    if config.cluster > 1 {
+        debug_assert!(config.grid.0 % config.cluster == 0);
+        return with_context(modules.context, || {
+            // SAFETY: the value union is read by the driver as clusterDim, the
+            // member its attribute id names; the rest as below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim =
+                sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: config.cluster, y: 1, z: 1 };
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: config.grid.0,
+                gridDimY: config.grid.1,
+                gridDimZ: config.grid.2,
+                blockDimX: config.block.0,
+                blockDimY: config.block.1,
+                blockDimZ: config.block.2,
+                sharedMemBytes: config.shared_bytes,
+                hStream: stream as sys::CUstream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: forwarded from this function's contract.
+            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+                .result()
+                .ctx("cuLaunchKernelEx", || format!("cuda:{ordinal} ({})", kernel.symbol()))
+        });
+    }
     with_context(modules.context, || {
         // SAFETY: forwarded from this function's contract.
         unsafe {

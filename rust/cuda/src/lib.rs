@@ -5,6 +5,7 @@
 //! * [`device`]: per-device module loading in the primary context (the one
 //!   torch uses). Modules load when a plan is made, never in a hot call.
 //! * [`launch`]: the one audited place that launches onto a caller's stream.
+//! * [`tma`]: tensor maps (host-encoded descriptors) for TMA-fed kernels.
 //! * [`indexer`]: the C4 indexer's launchers, straight from a core binding;
 //!   [`flavor`]: the rule for a plan whose MMA flavor is forced.
 //! * [`ipc`] + [`allreduce`]: IPC slabs and the all-reduce launchers.
@@ -22,6 +23,7 @@ pub mod ipc;
 pub mod launch;
 pub mod probe;
 pub mod ptx;
+pub mod tma;
 
 pub use device::{
     can_access_peer, device_count, device_info, driver_present, driver_version, ensure_loaded,

@@ -152,6 +152,21 @@ modules! {
         IndexerWgmmaFp8PrefillH48 = "b12x_indexer_wgmma_fp8_prefill_h48",
         IndexerWgmmaFp8PrefillH64 = "b12x_indexer_wgmma_fp8_prefill_h64",
     ],
+    indexer_hopper: Sm90a => [
+        IndexerTmaFp8DecodeH16 = "b12x_indexer_tma_fp8_decode_h16",
+        IndexerTmaFp8DecodeH32 = "b12x_indexer_tma_fp8_decode_h32",
+        IndexerTmaFp8DecodeH48 = "b12x_indexer_tma_fp8_decode_h48",
+        IndexerTmaFp8DecodeH64 = "b12x_indexer_tma_fp8_decode_h64",
+        IndexerTmaFp8PrefillH16 = "b12x_indexer_tma_fp8_prefill_h16",
+        IndexerTmaFp8PrefillH32 = "b12x_indexer_tma_fp8_prefill_h32",
+        IndexerTmaFp8PrefillH48 = "b12x_indexer_tma_fp8_prefill_h48",
+        IndexerTmaFp8PrefillH64 = "b12x_indexer_tma_fp8_prefill_h64",
+    ],
+    indexer_select: Sm90a => [
+        IndexerSelectP4 = "b12x_indexer_select_p4",
+        IndexerSelectP8 = "b12x_indexer_select_p8",
+        IndexerSelectP16 = "b12x_indexer_select_p16",
+    ],
 }
 
 #[cfg(test)]

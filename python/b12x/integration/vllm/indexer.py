@@ -45,11 +45,10 @@ from b12x.errors import (
     NotATensorError,
     ShapeError,
 )
-from b12x.integration.vllm import _hooks
+from b12x.integration.vllm import _hooks, speed_rule
 
 __all__ = [
     "COMPRESS_RATIOS",
-    "PRECISION",
     "PREFILL_ROUTE",
     "C4SparseIndexer",
     "DeepseekV4B12xSparseIndexer",
@@ -65,9 +64,6 @@ PAGE_BYTES = _core.INDEXER_PAGE_BYTES
 PREFILL_ROUTE = _core.INDEXER_PREFILL_ROUTE
 #: K rows per token: 1 for DeepSeek V3.2 / GLM DSA, 4 for DeepSeek V4 C4 layers.
 COMPRESS_RATIOS = (1, 4)
-#: The precision the adapter's plans are made with (the same logits on every
-#: GPU); what :mod:`~b12x.integration.vllm.indexer_choice` compares with stock vLLM.
-PRECISION = "exact"
 _MODULE_NAMES = ("Caps", "plan", "bind", "run", "is_supported", "PAGED_INDEX_PAGE_SIZE")
 
 
@@ -272,7 +268,7 @@ class C4SparseIndexer(torch.nn.Module):
                 max_page_table_width=max(width, 1),
                 topk=self.topk_tokens,
                 mode=mode,
-                precision=PRECISION,
+                precision=speed_rule.PLAN_PRECISION,  # what the rule compares
             )
         )
         if mode == "prefill":

@@ -9,12 +9,13 @@ DSA layer built afterwards plans, binds and runs b12x's indexer, with
 metadata from b12x's builder. vLLM is imported only when ``install`` runs.
 
 Every layer decides again when it is built, from the config it is built
-with: an unsupported one (no GPU the kernels run on, a GPU where the
-committed figures do not show b12x at least as fast as stock vLLM for both
-decode and prefill (:mod:`.indexer_choice`), an MXFP4 index cache, decode or
-prefill context parallelism, adaptive verification) gets vLLM's own classes,
-and the reason is logged once. ``install`` says False, with the reason logged once,
-when what it can see already rules b12x out.
+with: an unsupported one (no GPU the kernels run on, an MXFP4 index cache,
+decode or prefill context parallelism, adaptive verification) gets vLLM's
+own classes, and the reason is logged once. So does a GPU where b12x's
+indexer is not shown at least as fast as stock vLLM's
+(:mod:`~b12x.integration.vllm.speed_rule`: on Hopper today). ``install``
+says False, with the reason logged once, when what it can see already rules
+b12x out.
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from b12x.integration.vllm import indexer_choice, patches
-from b12x.integration.vllm.indexer import PRECISION
+from b12x.integration.vllm import patches
 
 __all__ = [
     "accept",
@@ -46,9 +46,8 @@ def _log_once(reason: str) -> None:
         log.info("b12x indexer not used: %s; vLLM's own indexer runs", reason)
 
 
-def _gpu() -> tuple[tuple[int, int] | None, str | None]:
-    """``(compute capability, None)`` of this process's GPU, or ``(None, why)``
-    when it cannot run the kernels.
+def _device_reason() -> str | None:
+    """Why this process's GPU cannot run the kernels, or None.
 
     Before CUDA is initialised (a plugin loads before vLLM forks its
     workers) only NVML is asked, through vLLM's platform, so no CUDA
@@ -57,35 +56,38 @@ def _gpu() -> tuple[tuple[int, int] | None, str | None]:
     """
     import torch
 
-    from b12x import _core
     from b12x.attention import dsa_indexer
 
     if torch.cuda.is_initialized():
         device = torch.cuda.current_device()
         if not dsa_indexer.is_supported(device):
-            return None, f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
-        return tuple(_core.device_info(device)["compute_capability"]), None
+            return f"cuda:{device} does not run the indexer kernels (FP8 MMA needs sm_89+)"
+        return _speed_reason(tuple(torch.cuda.get_device_capability(device)))
     try:
         from vllm.platforms import current_platform
     except ImportError as e:
-        return None, f"vLLM is not importable ({e})"
+        return f"vLLM is not importable ({e})"
     if not current_platform.is_cuda():
-        return None, f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
+        return f"vLLM's platform is {current_platform.device_name!r}, not CUDA"
+    from b12x import _core
+
     capability = current_platform.get_device_capability()
     least = _core.MIN_COMPUTE_CAPABILITY
     if capability is None or tuple(capability) < least:
-        return None, f"GPU compute capability {capability} is below {least} (FP8 MMA)"
-    return (int(capability[0]), int(capability[1])), None
+        return f"GPU compute capability {capability} is below {least} (FP8 MMA)"
+    return _speed_reason(tuple(capability))
 
 
-def _device_reason() -> str | None:
-    """Why this process's GPU does not get b12x's indexer, or None: it cannot
-    run the kernels, or the committed figures do not show b12x at least as
-    fast as stock vLLM there for both serving modes (:mod:`.indexer_choice`)."""
-    capability, reason = _gpu()
-    if capability is None:
-        return reason
-    return indexer_choice.layer_reason(capability, PRECISION)
+def _speed_reason(capability: tuple[int, ...]) -> str | None:
+    """Why b12x would make this GPU's indexer slower than stock vLLM's, or None
+    (:mod:`~b12x.integration.vllm.speed_rule`)."""
+    from b12x.integration.vllm import speed_rule
+
+    major, minor = capability[0], capability[1]
+    decision = speed_rule.decide(
+        (major, minor), speed_rule.PLAN_PRECISION, speed_rule.stock_fast_path(inside_vllm=True)
+    )
+    return None if decision.use_b12x else decision.reason
 
 
 def _config_reason(vllm_config: Any) -> str | None:

@@ -202,23 +202,16 @@ def vllm_loads_plugin(env: Mapping[str, str]) -> bool:
     return allowed is None or "b12x" in [name.strip() for name in allowed.split(",")]
 
 
-def indexer_status(device: int = 0) -> dict[str, Any]:
-    """What the indexer would do on CUDA ``device`` (no vLLM needed): ``{"why_not":
-    reason}`` where its kernels do not run, else ``{"modes": {mode: (b12x, why)},
-    "why_not": the reason a layer keeps vLLM's indexer, or None}``."""
+def indexer_not_here() -> str | None:
+    """Why no GPU of this machine would get b12x's indexer (none runs its
+    kernels), or None where one does: ``b12x doctor``'s row for each GPU then
+    gives the speed rule's decision there (:mod:`.speed_rule`)."""
     from b12x import _core, cuda
     from b12x.attention import dsa_indexer
-    from b12x.integration.vllm import indexer_choice
-    from b12x.integration.vllm.indexer import PRECISION
 
-    if not cuda.is_available() or not dsa_indexer.is_supported(device):
-        return {"why_not": "no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"}
-    capability = tuple(_core.device_info(device)["compute_capability"])
-    modes = indexer_choice.choose(capability, PRECISION)
-    return {
-        "modes": {m: (c.b12x, c.why) for m, c in modes.items()},
-        "why_not": indexer_choice.layer_reason(capability, PRECISION),
-    }
+    if cuda.is_available() and any(map(dsa_indexer.is_supported, range(_core.device_count()))):
+        return None
+    return "no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"
 
 
 def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -229,7 +222,7 @@ def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     (installed vLLM version or None), ``switch`` (the raw ``B12X_VLLM``),
     ``components`` (sorted names it turns on) or ``error``, ``would_enable``
     (what each turns on), ``indexer_hooks`` (whether this b12x has them),
-    ``indexer`` (:func:`indexer_status`, when the switch asks for it),
+    ``indexer_not_here`` (:func:`indexer_not_here`, when the switch asks for the indexer),
     ``active`` (this process: ``allreduce_installed``, ``live_slots``).
     """
     import importlib.metadata as metadata
@@ -262,9 +255,9 @@ def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         info["indexer_hooks"] = False
     if "indexer" in info["components"]:
         try:
-            info["indexer"] = indexer_status()
+            info["indexer_not_here"] = indexer_not_here()
         except Exception as e:  # doctor reports, never fails
-            info["indexer"] = {"why_not": f"could not check ({type(e).__name__}: {e})"}
+            info["indexer_not_here"] = f"could not check ({type(e).__name__}: {e})"
     active: dict[str, Any] = {"allreduce_installed": False, "live_slots": 0}
     if "b12x.integration.vllm.communicator" in sys.modules:
         from b12x.integration.vllm import communicator
@@ -297,11 +290,7 @@ def status_lines(state: Mapping[str, Any]) -> list[tuple[str, str]]:
             rows.append((f"  {name}", what + " (not in this b12x)"))
             continue
         rows.append((f"  {name}", what))
-        indexer = state.get("indexer") if name == "indexer" else None
-        if indexer is None:
-            continue
-        for mode, (b12x, why) in indexer.get("modes", {}).items():
-            rows.append((f"    {mode}", ("b12x: " if b12x else "vLLM's own path: ") + why))
-        if indexer.get("why_not"):
-            rows.append(("    not used", indexer["why_not"] + "; vLLM's own indexer runs"))
+        why_not = state.get("indexer_not_here") if name == "indexer" else None
+        if why_not:
+            rows.append(("    not used", why_not + "; vLLM's own indexer runs"))
     return rows

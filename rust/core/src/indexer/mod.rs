@@ -33,7 +33,7 @@ pub use caps::{
 };
 pub use fault::{record_host_fault, take_host_fault, PageFault, STATUS_WORDS};
 pub use layout::{LayoutInput, Region, RegionId, RegionShape, ScratchLayout, REGION_ALIGN};
-pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route};
+pub use plan::{DeviceFacts, MmaFlavor, Plan, PlanOptions, Route, Stages};
 
 /// Compressed K rows per page of the index cache.
 pub const PAGE_SIZE: u32 = 64;
@@ -65,3 +65,9 @@ pub const DECODE_LOGITS_BUDGET: u64 = 1 << 23;
 pub const TOPK_SLICE_MIN: u32 = 8192;
 /// Largest explicit supertile.
 pub const MAX_SUPERTILE: u32 = 65536;
+/// Query rows of one row block of the TMA-fed prefill scorer (decode blocks
+/// are one row).
+pub const TMA_PREFILL_BLOCK_ROWS: u32 = 8;
+/// Row blocks the TMA-fed scorers' work scan holds; a plan with more keeps
+/// the wgmma scorers.
+pub const TMA_MAX_ROW_BLOCKS: u32 = 4096;

@@ -8,7 +8,7 @@ use super::caps::{Caps, Mode, Precision};
 use super::layout::{LayoutInput, ScratchLayout};
 use super::{
     DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM,
-    TOPK_SLICE_MIN,
+    TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS, TOPK_SLICE_MIN,
 };
 use crate::error::{Error, Result};
 
@@ -49,11 +49,15 @@ pub enum MmaFlavor {
     /// Hopper's FP8 warpgroup MMA on the raw bytes (`wgmma m64nNk32 .e4m3`,
     /// sm_90a only): half the MMAs, reduced-precision accumulation.
     WgmmaFp8,
+    /// The same FP8 wgmma with both operands in shared memory, fed by TMA in
+    /// persistent CTAs (kernels/indexer_hopper.cu, sm_90a only). Serves plans
+    /// of at most [`TMA_MAX_ROW_BLOCKS`] row blocks.
+    TmaFp8,
 }
 
 impl MmaFlavor {
-    pub const ALL: [MmaFlavor; 4] =
-        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8];
+    pub const ALL: [MmaFlavor; 5] =
+        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8, MmaFlavor::TmaFp8];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -61,19 +65,20 @@ impl MmaFlavor {
             MmaFlavor::F16 => "f16",
             MmaFlavor::Wgmma => "wgmma",
             MmaFlavor::WgmmaFp8 => "wgmma_fp8",
+            MmaFlavor::TmaFp8 => "tma_fp8",
         }
     }
 
     /// Whether this flavor keeps the exact contract ([`Precision::Exact`]).
     pub const fn is_exact(self) -> bool {
-        !matches!(self, MmaFlavor::WgmmaFp8)
+        !matches!(self, MmaFlavor::WgmmaFp8 | MmaFlavor::TmaFp8)
     }
 
     pub fn parse(s: &str) -> Result<MmaFlavor> {
         MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
             op: "plan",
             operand: "mma_flavor".into(),
-            expected: "one of {e4m3, f16, wgmma, wgmma_fp8}".into(),
+            expected: "one of {e4m3, f16, wgmma, wgmma_fp8, tma_fp8}".into(),
             got: format!("{s:?}"),
         })
     }
@@ -85,9 +90,19 @@ impl MmaFlavor {
         match (cc, precision) {
             ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
             ((9, 0), Precision::Exact) => MmaFlavor::Wgmma,
-            ((9, 0), Precision::Fast) => MmaFlavor::WgmmaFp8,
+            ((9, 0), Precision::Fast) => MmaFlavor::TmaFp8,
             _ => MmaFlavor::F16,
         }
+    }
+
+    /// Whether this flavor's scorers serve a plan of `rows` query rows in
+    /// `mode` (the TMA scorers' work scan holds a bounded number of row blocks).
+    pub fn serves(self, mode: Mode, rows: u32) -> bool {
+        let block_rows = match mode {
+            Mode::Decode => 1,
+            Mode::Prefill => TMA_PREFILL_BLOCK_ROWS,
+        };
+        self != MmaFlavor::TmaFp8 || rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
     }
 }
 
@@ -110,9 +125,39 @@ pub struct PlanOptions {
     /// Run this MMA flavor instead of the device's (it must run there: the
     /// caller checks that against the loaded kernels).
     pub mma_flavor: Option<MmaFlavor>,
-    /// Launch the top-k stage only, on the logits already in the scratch
-    /// (the benchmark's `topk_only` arm; meaningful for one-chunk plans).
-    pub topk_only: bool,
+    /// Which stages a run launches (benchmarks time each stage alone).
+    pub stages: Stages,
+}
+
+/// The stages a run launches: both (every real call), or one alone for the
+/// benchmark's stage arms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Stages {
+    #[default]
+    All,
+    /// The scorer alone: logits into the scratch, no selection (outputs unwritten).
+    ScoreOnly,
+    /// The top-k alone, on the logits already in the scratch (meaningful for
+    /// one-chunk plans, after a full run over the same scratch).
+    TopkOnly,
+}
+
+impl Stages {
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stages::All => "all",
+            Stages::ScoreOnly => "score_only",
+            Stages::TopkOnly => "topk_only",
+        }
+    }
+    /// Whether runs launch the scorer.
+    pub const fn scores(self) -> bool {
+        !matches!(self, Stages::TopkOnly)
+    }
+    /// Whether runs launch the selection.
+    pub const fn selects(self) -> bool {
+        !matches!(self, Stages::ScoreOnly)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,7 +166,7 @@ pub struct Plan {
     route: Route,
     /// None on the CPU, where the reference runs.
     mma_flavor: Option<MmaFlavor>,
-    topk_only: bool,
+    stages: Stages,
     heads_padded: u32,
     supertile: u32,
     max_chunks: u32,
@@ -184,9 +229,30 @@ impl Plan {
             Mode::Prefill => 1,
         };
         let mma_flavor = match (caps.device.is_cuda(), options.mma_flavor) {
-            (true, forced) => Some(
-                forced.unwrap_or(MmaFlavor::for_device(device.compute_capability, caps.precision)),
-            ),
+            (true, Some(forced)) if !forced.serves(caps.mode, caps.max_q_rows) => {
+                return Err(Error::InvalidValue {
+                    op: "plan",
+                    operand: "mma_flavor".into(),
+                    expected: format!(
+                        "a flavor that serves {} {} rows (tma_fp8: at most {} row blocks)",
+                        caps.max_q_rows,
+                        caps.mode.name(),
+                        TMA_MAX_ROW_BLOCKS
+                    )
+                    .into(),
+                    got: format!("{:?}", forced.name()),
+                })
+            }
+            (true, Some(forced)) => Some(forced),
+            (true, None) => {
+                let best = MmaFlavor::for_device(device.compute_capability, caps.precision);
+                // The TMA scorers past their row-block bound: the wgmma ones.
+                Some(if best.serves(caps.mode, caps.max_q_rows) {
+                    best
+                } else {
+                    MmaFlavor::WgmmaFp8
+                })
+            }
             (false, None) => None,
             (false, Some(f)) => {
                 return Err(Error::InvalidValue {
@@ -208,19 +274,19 @@ impl Plan {
             multiprocessors: multiprocessors as u64,
             topk_slices,
         })?;
-        if options.topk_only && !caps.device.is_cuda() {
+        if options.stages != Stages::All && !caps.device.is_cuda() {
             return Err(Error::InvalidValue {
                 op: "plan",
-                operand: "topk_only".into(),
-                expected: "false on a CPU plan (the reference runs the whole op)".into(),
-                got: "true".into(),
+                operand: "stages".into(),
+                expected: "all on a CPU plan (the reference runs the whole op)".into(),
+                got: options.stages.name().into(),
             });
         }
         Ok(Plan {
             caps,
             route,
             mma_flavor,
-            topk_only: options.topk_only,
+            stages: options.stages,
             heads_padded,
             // all fit: supertile <= width_tokens < 2^30 (or an explicit <= 65536),
             // max_chunks <= width_tokens / 512 < 2^21, topk_slices <= SMs
@@ -247,10 +313,10 @@ impl Plan {
     pub fn mma_flavor(&self) -> Option<MmaFlavor> {
         self.mma_flavor
     }
-    /// Whether runs launch the top-k stage only ([`PlanOptions::topk_only`]).
+    /// The stages runs launch ([`PlanOptions::stages`]).
     #[inline]
-    pub fn topk_only(&self) -> bool {
-        self.topk_only
+    pub fn stages(&self) -> Stages {
+        self.stages
     }
     /// `num_q_heads` rounded up to a multiple of 16 (the MMA head tile).
     #[inline]
@@ -314,8 +380,8 @@ impl fmt::Display for Plan {
             self.caps.precision.name(),
             self.mma_flavor.map_or("reference", MmaFlavor::name)
         )?;
-        if self.topk_only {
-            write!(f, ", topk_only=true")?;
+        if self.stages != Stages::All {
+            write!(f, ", stages={}", self.stages.name())?;
         }
         Ok(())
     }
@@ -418,6 +484,23 @@ mod tests {
     }
 
     #[test]
+    fn the_tma_flavor_serves_a_bounded_number_of_row_blocks() {
+        let on = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
+        let fast =
+            |rows, mode| Caps { precision: Precision::Fast, ..caps(64, rows, 8, 512, 0, mode) };
+        let flavor = |rows, mode| Plan::new(&fast(rows, mode), &on).unwrap().mma_flavor();
+        // decode blocks are one row, prefill blocks eight
+        assert_eq!(flavor(4096, Mode::Decode), Some(MmaFlavor::TmaFp8));
+        assert_eq!(flavor(5120, Mode::Decode), Some(MmaFlavor::WgmmaFp8));
+        assert_eq!(flavor(32768, Mode::Prefill), Some(MmaFlavor::TmaFp8));
+        assert_eq!(flavor(40960, Mode::Prefill), Some(MmaFlavor::WgmmaFp8));
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::TmaFp8), ..PlanOptions::default() };
+        let err = Plan::with_options(&fast(5120, Mode::Decode), &on, &forced).unwrap_err();
+        assert!(err.to_string().contains("serves 5120 decode rows"), "{err}");
+        assert!(Plan::with_options(&fast(4096, Mode::Decode), &on, &forced).is_ok());
+    }
+
+    #[test]
     fn the_plan_resolves_the_mma_flavor() {
         let c = caps(64, 1, 8, 512, 0, Mode::Decode);
         let on = |cc| DeviceFacts { multiprocessors: 132, compute_capability: cc };
@@ -429,12 +512,13 @@ mod tests {
         // fast: FP8 wgmma on Hopper; elsewhere there is no faster path, so exact
         let fast = Caps { precision: Precision::Fast, ..c };
         let flavor = |cc| Plan::new(&fast, &on(cc)).unwrap().mma_flavor();
-        assert_eq!(flavor((9, 0)), Some(MmaFlavor::WgmmaFp8));
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::TmaFp8));
         assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
         let p = Plan::new(&fast, &on((9, 0))).unwrap();
-        assert!(p.to_string().ends_with("precision=fast, mma_flavor=wgmma_fp8"));
+        assert!(p.to_string().ends_with("precision=fast, mma_flavor=tma_fp8"));
         assert!(!MmaFlavor::WgmmaFp8.is_exact() && MmaFlavor::Wgmma.is_exact());
+        assert!(!MmaFlavor::TmaFp8.is_exact());
         let forced = PlanOptions { mma_flavor: Some(MmaFlavor::E4m3), ..PlanOptions::default() };
         let p = Plan::with_options(&c, &on((9, 0)), &forced).unwrap();
         assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
@@ -449,10 +533,15 @@ mod tests {
             "plan: mma_flavor expected None on a CPU plan (the reference runs there), got \"e4m3\""
         );
         assert_eq!(MmaFlavor::parse("wgmma").unwrap(), MmaFlavor::Wgmma);
-        let stage = PlanOptions { topk_only: true, ..PlanOptions::default() };
-        let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
-        assert!(p.topk_only() && p.to_string().ends_with(", topk_only=true"));
-        assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
+        for stages in [Stages::TopkOnly, Stages::ScoreOnly] {
+            let stage = PlanOptions { stages, ..PlanOptions::default() };
+            let p = Plan::with_options(&c, &on((9, 0)), &stage).unwrap();
+            assert_eq!(p.stages(), stages);
+            assert!(p.to_string().ends_with(&format!(", stages={}", stages.name())));
+            assert!(Plan::with_options(&cpu, &DeviceFacts::CPU, &stage).is_err());
+        }
+        assert!(Stages::All.scores() && Stages::All.selects());
+        assert!(!Stages::TopkOnly.scores() && !Stages::ScoreOnly.selects());
         assert!(MmaFlavor::parse("tf32").unwrap_err().to_string().contains("one of {e4m3"));
     }
 }

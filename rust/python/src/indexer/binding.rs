@@ -331,14 +331,21 @@ pub(super) fn indexer_check(py: Python<'_>, ordinal: Option<u32>) -> PyB12xResul
 /// shapes only.
 fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     let args = b.core.args();
-    if args.rows == 0 {
-        return Ok(()); // nothing to write; kernels never see an empty grid
-    }
+    let Some(recipe) = b.plan.get().recipe.as_ref() else {
+        return Err(CoreError::Device {
+            op: "run",
+            operand: "binding".into(),
+            expected: Device::Cuda(args.device),
+            got: Device::Cpu,
+        }
+        .into());
+    };
     let stream = crate::torch_stream::current_stream(py, args.device)?;
     // SAFETY: bind checked every operand against the plan (dtype, shape,
     // strides, device, extent, disjointness) and carved the scratch regions
     // from a buffer of at least plan.nbytes(); the binding holds the tensors,
     // and the stream is torch's current stream of that device.
-    unsafe { launch_indexer(&b.core, stream)? };
+    // An empty call enqueues nothing (launch_indexer).
+    unsafe { launch_indexer(&b.core, recipe, stream)? };
     Ok(())
 }

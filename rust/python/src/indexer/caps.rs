@@ -92,7 +92,7 @@ fn quote_huge(e: CoreError, args: &[IntArg]) -> CoreError {
 /// ``precision`` "exact" (the default): fp32 accumulation of exact FP8
 /// products, the same logits on every architecture. "fast": a device may use
 /// a faster MMA with reduced-precision accumulation (Hopper: FP8 wgmma,
-/// ``Plan.mma_flavor == "wgmma_fp8"``); every logit stays within 1e-3 of the
+/// ``Plan.mma_flavor == "tma_fp8"``); every logit stays within 1e-3 of the
 /// exact one relative to its magnitude, ``scale * sum_h |w_h| * |q_h . k|``
 /// (1e-3 relative to the logit itself when no term is negative), and the
 /// selected set equals the exact one's except for indices whose logit lies

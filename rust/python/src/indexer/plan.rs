@@ -3,9 +3,10 @@
 use std::sync::{Arc, LazyLock};
 
 use b12x_core::indexer::{
-    Caps, DeviceFacts, InternCache, MmaFlavor, Mode, Plan, PlanOptions, Region,
+    Caps, DeviceFacts, InternCache, MmaFlavor, Mode, Plan, PlanOptions, Region, Stages,
 };
-use b12x_core::{DType, Device};
+use b12x_core::{DType, Device, Error as CoreError};
+use b12x_cuda::indexer::LaunchRecipe;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -203,6 +204,8 @@ impl PyLayout {
 #[pyclass(name = "Plan", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyPlan {
     pub(super) plan: Arc<Plan>,
+    /// What a run launches (None on the CPU), resolved here, not per call.
+    pub(super) recipe: Option<LaunchRecipe>,
     caps: Py<PyCaps>,
     layout: Py<PyLayout>,
     specs: Py<PyTuple>,
@@ -275,7 +278,7 @@ impl PyPlan {
         self.plan.caps().precision.name()
     }
     /// The scorers' MMA flavor, resolved from the device and the precision:
-    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" (fast, sm_90) on a GPU
+    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" / "tma_fp8" (fast, sm_90) on a GPU
     /// (see ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
     #[getter]
     fn mma_flavor(&self) -> &'static str {
@@ -289,7 +292,13 @@ impl PyPlan {
     /// True for a benchmark plan that runs the top-k stage only.
     #[getter]
     fn topk_only(&self) -> bool {
-        self.plan.topk_only()
+        self.plan.stages() == Stages::TopkOnly
+    }
+    /// True for a benchmark plan that runs the scorer only (logits into the
+    /// scratch; the outputs are not written).
+    #[getter]
+    fn score_only(&self) -> bool {
+        self.plan.stages() == Stages::ScoreOnly
     }
     #[getter]
     fn nbytes(&self) -> u64 {
@@ -348,6 +357,7 @@ fn build_plan(py: Python<'_>, caps: &PyCaps, options: &PlanOptions) -> PyB12xRes
         )?,
         specs: PyTuple::new(py, [Py::new(py, spec)?])?.unbind(),
         shapes: PyTuple::new(py, [shapes.into_py_any(py)?])?.unbind(),
+        recipe: if plan.caps().device.is_cuda() { Some(LaunchRecipe::new(&plan)?) } else { None },
         plan,
     };
     Ok(Py::new(py, out)?)
@@ -375,18 +385,34 @@ pub(super) fn indexer_plan(py: Python<'_>, caps: &Bound<'_, PyCaps>) -> PyB12xRe
 /// A new, uncached plan every call (for benchmarks and tests), optionally
 /// with the scorers' MMA flavor forced to ``mma_flavor`` (one the device
 /// runs, e.g. "e4m3" on an sm_90 to cover the kernels other devices use),
-/// or running the top-k stage only (``topk_only``: on the logits a full run
-/// left in the scratch; the benchmark's ``topk_only`` arm).
+/// or running one stage alone: the top-k (``topk_only``: on the logits a
+/// full run left in the scratch) or the scorer (``score_only``: logits into
+/// the scratch, outputs unwritten), the benchmark's stage arms.
 #[pyfunction]
-#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false))]
+#[pyo3(signature = (caps, /, *, mma_flavor=None, topk_only=false, score_only=false))]
 pub(super) fn indexer_build_plan(
     py: Python<'_>,
     caps: &Bound<'_, PyCaps>,
     mma_flavor: Option<&str>,
     topk_only: bool,
+    score_only: bool,
 ) -> PyB12xResult<Py<PyPlan>> {
     let mma_flavor = mma_flavor.map(MmaFlavor::parse).transpose()?;
-    build_plan(py, caps.get(), &PlanOptions { mma_flavor, topk_only })
+    let stages = match (topk_only, score_only) {
+        (false, false) => Stages::All,
+        (true, false) => Stages::TopkOnly,
+        (false, true) => Stages::ScoreOnly,
+        (true, true) => {
+            return Err(CoreError::InvalidValue {
+                op: "plan",
+                operand: "topk_only, score_only".into(),
+                expected: "at most one of them".into(),
+                got: "both".into(),
+            }
+            .into())
+        }
+    };
+    build_plan(py, caps.get(), &PlanOptions { mma_flavor, stages })
 }
 
 #[pyfunction]

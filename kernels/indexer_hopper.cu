@@ -1,0 +1,537 @@
+// Hopper (sm_90a) scorers fed by the tensor memory accelerator (TMA):
+// persistent CTAs, one producer warp, two consumer warpgroups.
+//
+// Same contract as the other scorers (ScoreParams, the logits chunk, the
+// live-length rule, "not a candidate" for unmapped pages, page ids bounded by
+// the cache); what differs is how the bytes move. The round-3/4 wgmma scorers
+// (indexer_wgmma.cu) had every thread issue 16-byte cp.async copies and wait
+// on a CTA barrier per page, one grid of short-lived CTAs: ncu put the FP8
+// decode scorer at ~70% of HBM and the FP8 prefill one at 39% SM throughput.
+// Here one producer warp keeps a deep ring of K pages in flight with TMA
+// (one bulk tensor copy per page, completion counted on an mbarrier), the
+// page table read 32 ids at a time, and the consumers never wait on each
+// other except where they must:
+//   * K pages land in shared memory already in the 128-byte-swizzled K-major
+//     layout wgmma reads (tensor map {128 B, 64 tokens, pages}, page stride =
+//     the cache's), so A (64 tokens x 128 dims) and B (the rows' Q, loaded by
+//     TMA the same way) are both shared-memory operands: no register copy of
+//     K, no conversion, natural dim order on both sides;
+//   * FP8 wgmma m64nNk32 (precision="fast": Hopper's FP8 accumulation keeps
+//     less than fp32, see indexer_wgmma.cu), four k-steps per page;
+//   * decode (memory-bound): the two consumer warpgroups take alternate pages;
+//     prefill (MMA-bound): each takes 4 of the block's 8 query rows on every
+//     page, as two halves of 2 rows (N = 2 x heads) whose MMAs are software-
+//     pipelined across pages, so each half's relu * weight epilogue runs under
+//     the other half's MMAs. (Whole 4-row MMAs taken in turn by the two
+//     warpgroups measured 2.51 ms for prefill_r4096_L32768 on one H200, the
+//     tensor pipe 43% busy: one warp's 128-element epilogue outlasted the other
+//     warpgroup's MMAs.)
+//
+// Work: the chunk's live pages of every row block (decode: 1 row, prefill: 8
+// rows sharing one page-table row) in units of UNIT pages, prefix-summed in
+// shared memory by every CTA; CTA g takes units [g U / G, (g + 1) U / G), so
+// the split follows the live lengths (device values) while the grid stays
+// static (one CTA per SM). The producer and the consumers walk the same
+// segment list (block, page range); a block's Q (and the consumers' weights)
+// is loaded once per segment, double-buffered.
+#include "indexer_common.cuh"
+#include "wgmma_fp8_ss.cuh"
+
+#define HP_THREADS 384  // producer warpgroup (one warp works) + 2 consumer warpgroups
+#define HP_DECODE_STAGES 16
+#define HP_PREFILL_STAGES 8
+#define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
+#define HP_PREFILL_UNIT 8  // pages per prefill work unit
+#define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
+#define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
+#define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
+// Registers per thread after the warpgroups' reallocation (setmaxnreg):
+// 128 x 40 + 256 x 232 <= 64 K.
+#define HP_PRODUCER_REGS 40
+#define HP_CONSUMER_REGS 232
+
+// A CUtensorMap (the driver encodes it on the host; opaque here).
+struct alignas(64) TmaDesc {
+    u64 bits[16];
+};
+
+// Kernel parameters (mirrored by HopperParams in rust/cuda/src/indexer.rs).
+struct HopperParams {
+    TmaDesc k_map;      // u8 {128, 64, pages}, strides {128, page_stride}, box {128, 64, 1}, swizzle 128B
+    TmaDesc scale_map;  // f32 {64, pages} at kcache + 8192, stride page_stride, box {64, 1}
+    TmaDesc q_map;      // u8 {128, heads, rows}, strides {128, heads * 128}, box {128, HP, RPB}, swizzle 128B
+    ScoreParams s;
+};
+
+// Shared-memory plan (dynamic, from a 1024-byte aligned base: TMA's 128-byte
+// swizzle and the matrix descriptors repeat every 8 rows of 128 bytes). The
+// host sizes the allocation with the same formula (hopper_shared_bytes).
+template <int HP, int RPB, int STAGES>
+struct HpSmem {
+    static constexpr u32 Q_BYTES = RPB * HP * IDX_HEAD_DIM;  // one Q stage
+    static constexpr u32 K = 0;
+    static constexpr u32 Q = K + STAGES * HP_PAGE_K_BYTES;
+    static constexpr u32 SCALE = Q + 2 * Q_BYTES;
+    static constexpr u32 PID = SCALE + STAGES * HP_PAGE_SCALE_BYTES;
+    static constexpr u32 BAR = PID + STAGES * 4;  // 8-aligned: STAGES is even
+    // full_k[STAGES], empty_k[STAGES], full_q[2], empty_q[2]
+    static constexpr u32 PREFIX = BAR + (2 * STAGES + 4) * 8;
+    static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
+    static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
+    static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
+    static_assert(Q_BYTES % 1024 == 0, "Q stages stay on the swizzle period");
+};
+
+// ---------------------------------------------------------------- PTX helpers
+
+__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits until the phase of parity `parity` has completed (a fresh barrier
+// counts the phase before its first as complete: producers start at parity 1).
+__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n"
+        " .reg .pred p;\n"
+        "HP_WAIT:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        " @!p bra HP_WAIT;\n"
+        "}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar, i32 c0, i32 c1,
+                                            i32 c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, u32 bar, i32 c0, i32 c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+
+
+template <int REGS>
+__device__ __forceinline__ void regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+__device__ __forceinline__ void hp_wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void hp_wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void hp_wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024
+// bytes apart; a k32 step advances the start address by 32 bytes inside the
+// swizzle atom (the hardware applies the XOR).
+__device__ __forceinline__ u64 hp_desc(u32 smem_byte_addr) {
+    return (u64)((smem_byte_addr & 0x3FFFF) >> 4) | ((u64)1 << 16) | ((u64)(1024 >> 4) << 32) |
+           ((u64)1 << 62);
+}
+
+__device__ __forceinline__ u32 hp_dynamic_smem_bytes() {
+    u32 v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+template <int V>
+struct Int {
+    static constexpr int value = V;
+};
+
+// ---------------------------------------------------------------- work split
+
+// Live tokens of row `row` inside this chunk (0 past the rows).
+__device__ __forceinline__ u32 hp_chunk_tokens(const ScoreParams& p, u32 row) {
+    if (row >= p.rows) return 0u;
+    const u32 live = idx_live_tokens(p.lengths, p.active_width, row, p.width);
+    return live > p.chunk_start ? min(live - p.chunk_start, p.chunk_len) : 0u;
+}
+
+template <int RPB>
+struct BlockRows {
+    u32 row0;
+    u32 n[RPB];  // chunk tokens of each row
+    u32 pages;   // pages of the longest row
+};
+
+template <int RPB>
+__device__ __forceinline__ BlockRows<RPB> hp_block(const ScoreParams& p, u32 blk) {
+    BlockRows<RPB> b;
+    b.row0 = blk * RPB;
+    u32 longest = 0;
+#pragma unroll
+    for (int rr = 0; rr < RPB; ++rr) {
+        b.n[rr] = hp_chunk_tokens(p, b.row0 + rr);
+        longest = max(longest, b.n[rr]);
+    }
+    b.pages = (longest + IDX_PAGE_ROWS - 1) / IDX_PAGE_ROWS;
+    return b;
+}
+
+// Exclusive scan of one value per thread over the CTA; every thread calls it.
+__device__ __forceinline__ u32 hp_block_exclusive_scan(u32 v, u32* warp_sums) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 x = v;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 s = lane < HP_THREADS / 32 ? warp_sums[lane] : 0u;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        warp_sums[lane] = s;
+    }
+    __syncthreads();
+    return (warp == 0 ? 0u : warp_sums[warp - 1]) + x - v;
+}
+
+// prefix[b] = units of the blocks before b, prefix[blocks] = all units.
+template <int RPB, int UNIT>
+__device__ __forceinline__ void hp_scan_units(const ScoreParams& p, u32* prefix, u32* warp_sums,
+                                              u32 blocks) {
+    const u32 per = (blocks + HP_THREADS - 1) / HP_THREADS;
+    const u32 b0 = min(threadIdx.x * per, blocks), b1 = min(b0 + per, blocks);
+    u32 sum = 0;
+    for (u32 b = b0; b < b1; ++b) {
+        const u32 units = (hp_block<RPB>(p, b).pages + UNIT - 1) / UNIT;
+        prefix[b] = units;
+        sum += units;
+    }
+    u32 run = hp_block_exclusive_scan(sum, warp_sums);
+    for (u32 b = b0; b < b1; ++b) {
+        const u32 units = prefix[b];
+        prefix[b] = run;
+        run += units;
+    }
+    if (threadIdx.x == HP_THREADS - 1) prefix[blocks] = run;
+    __syncthreads();
+}
+
+// f(block, first page, end page) for every segment of this CTA's units, in
+// order; the same list for every thread.
+template <int RPB, int UNIT, class F>
+__device__ __forceinline__ void hp_segments(const ScoreParams& p, const u32* prefix, u32 blocks,
+                                            F&& f) {
+    const u32 total = prefix[blocks];
+    const u32 a = (u32)((u64)blockIdx.x * total / gridDim.x);
+    const u32 b = (u32)((u64)(blockIdx.x + 1) * total / gridDim.x);
+    if (a >= b) return;
+    u32 lo = 0, hi = blocks;  // the first index whose prefix exceeds a (prefix[blocks] does)
+    while (lo < hi) {
+        const u32 mid = (lo + hi) >> 1;
+        if (prefix[mid] > a)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    for (u32 blk = lo - 1; blk < blocks && prefix[blk] < b; ++blk) {
+        const u32 u0 = max(a, prefix[blk]) - prefix[blk];
+        const u32 u1 = min(b, prefix[blk + 1]) - prefix[blk];
+        if (u0 < u1) f(blk, u0 * UNIT, u1 * UNIT);
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+
+// HP: padded heads; RPB: rows per block; QR: rows per consumer tile
+// (decode 1: both warpgroups on one row, alternate pages; prefill 4: the two
+// warpgroups split the block's 8 rows, every page).
+template <int HP, int RPB, int QR, int UNIT, int STAGES>
+__device__ __forceinline__ void hp_score(const HopperParams& hp) {
+    using L = HpSmem<HP, RPB, STAGES>;
+    constexpr bool PREFILL = QR > 1;
+    static_assert(PREFILL ? RPB == 2 * QR : RPB == 1, "tiles per block");
+    const ScoreParams& p = hp.s;
+
+    extern __shared__ __align__(16) u8 smem_raw[];
+    u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    if (hp_dynamic_smem_bytes() < L::BYTES + 1024) __trap();  // host/kernel layout drift
+    const u32 base = smem_addr(smem);
+    const u32 bar = base + L::BAR;
+    auto full_k = [&](u32 s) { return bar + 8 * s; };
+    auto empty_k = [&](u32 s) { return bar + 8 * (STAGES + s); };
+    auto full_q = [&](u32 s) { return bar + 8 * (2 * STAGES + s); };
+    auto empty_q = [&](u32 s) { return bar + 8 * (2 * STAGES + 2 + s); };
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    // Consumers release a K stage: decode one warpgroup (128 threads),
+    // prefill both; a Q stage: both warpgroups.
+    constexpr u32 K_RELEASERS = PREFILL ? 256 : 128;
+    if (threadIdx.x == 0) {
+        for (u32 s = 0; s < STAGES; ++s) {
+            mbar_init(full_k(s), 1);
+            mbar_init(empty_k(s), K_RELEASERS);
+        }
+        for (u32 s = 0; s < 2; ++s) {
+            mbar_init(full_q(s), 1);
+            mbar_init(empty_q(s), 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    u32* prefix = reinterpret_cast<u32*>(smem + L::PREFIX);
+    const u32 blocks = (p.rows + RPB - 1) / RPB;
+    hp_scan_units<RPB, UNIT>(p, prefix, reinterpret_cast<u32*>(smem + L::WARP_SUMS), blocks);
+
+    i32* pids = reinterpret_cast<i32*>(smem + L::PID);
+    const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
+    const i32* pt_base = p.page_table + p.chunk_start / IDX_PAGE_ROWS;
+
+    if (warp < 4) {
+        // ---------------- producer
+        regs_dec<HP_PRODUCER_REGS>();
+        if (warp != 0) return;
+        u32 kit = 0, sit = 0;
+        hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
+            const BlockRows<RPB> br = hp_block<RPB>(p, blk);
+            pe = min(pe, br.pages);
+            const u32 qs = sit & 1;
+            mbar_wait(empty_q(qs), ((sit >> 1) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(full_q(qs), L::Q_BYTES);
+                tma_load_3d(base + L::Q + qs * L::Q_BYTES, &hp.q_map, full_q(qs), 0, 0,
+                            (i32)br.row0);
+            }
+            const i32* pt = pt_base + (u64)br.row0 * p.pt_row_stride;
+            for (u32 i0 = pb; i0 < pe; i0 += 32) {
+                const i32 mine = i0 + lane < pe ? pt[i0 + lane] : -1;
+                const u32 count = min(32u, pe - i0);
+                for (u32 j = 0; j < count; ++j) {
+                    i32 pid = __shfl_sync(0xffffffffu, mine, j);
+                    const u32 page = i0 + j;
+                    if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
+                        if (lane == 0) {
+                            u32 first = 0;  // the first row that reaches this page
+                            bool found = false;
+#pragma unroll
+                            for (int rr = 0; rr < RPB; ++rr) {
+                                if (!found && br.n[rr] > page * IDX_PAGE_ROWS) {
+                                    first = rr;
+                                    found = true;
+                                }
+                            }
+                            idx_report_bad_page(p.status, br.row0 + first,
+                                                p.chunk_start / IDX_PAGE_ROWS + page, pid, p.pages);
+                        }
+                        pid = -1;
+                    }
+                    const u32 st = kit % STAGES;
+                    mbar_wait(empty_k(st), ((kit / STAGES) & 1) ^ 1);
+                    if (lane == 0) {
+                        pids[st] = pid;
+                        if (pid >= 0) {
+                            mbar_expect_tx(full_k(st), HP_PAGE_K_BYTES + HP_PAGE_SCALE_BYTES);
+                            tma_load_3d(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map, full_k(st),
+                                        0, 0, pid);
+                            tma_load_2d(base + L::SCALE + st * HP_PAGE_SCALE_BYTES, &hp.scale_map,
+                                        full_k(st), 0, pid);
+                        } else {
+                            mbar_arrive(full_k(st));  // nothing to copy: stale bytes, no stores
+                        }
+                    }
+                    ++kit;
+                }
+            }
+            ++sit;
+        });
+        return;
+    }
+
+    // ---------------- consumers
+    regs_inc<HP_CONSUMER_REGS>();
+    const u32 wg = warp / 4 - 1;  // consumer warpgroup 0 or 1
+    const u32 cw = warp & 3;      // warp within it: tokens 16 cw .. 16 cw + 15 of a page
+    const u32 gid = lane >> 2, tig = lane & 3;
+    const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
+    const float skip = idx_not_candidate();
+    // Each page's MMAs run as two halves of the tile's rows (HR rows, NH
+    // columns each), so one half's relu * weight runs while the other's
+    // MMAs do: a(p) b(p) | epilogue a(p), a(p + 1) | epilogue b(p), b(p + 1) ...
+    // (decode: HR = 1, one half per page; the pages alternate between the
+    // warpgroups instead).
+    constexpr int HALVES = PREFILL ? 2 : 1;
+    constexpr int HR = QR / HALVES;
+    constexpr int NH = HR * HP;
+    constexpr int JH = NH / 8;  // n8 groups of a thread's accumulators per half
+    using Mma = WgmmaFp8Ss<NH>;
+    float d[HALVES][Mma::REGS];
+    float wreg[HALVES][JH][2];
+    // The page a half-MMA reads: its ring stage, page id and the lane's scales.
+    struct Page {
+        u32 stage;
+        i32 pid;
+        float sc_lo, sc_hi;
+    };
+    auto take_page = [&](u32 k) {
+        Page pg;
+        pg.stage = k % STAGES;
+        mbar_wait(full_k(pg.stage), (k / STAGES) & 1);
+        pg.pid = pids[pg.stage];
+        pg.sc_lo = scales[pg.stage * IDX_PAGE_ROWS + t_lo];
+        pg.sc_hi = scales[pg.stage * IDX_PAGE_ROWS + t_lo + 8];
+        return pg;
+    };
+    u32 kit = 0, sit = 0;
+    hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
+        const BlockRows<RPB> br = hp_block<RPB>(p, blk);
+        pe = min(pe, br.pages);
+        const u32 tile = PREFILL ? wg * QR : 0;  // first row of this warpgroup's tile in the block
+        const u32 row0 = br.row0 + tile;
+        u32 n_tile[QR];  // chunk tokens of the tile's rows
+#pragma unroll
+        for (int r = 0; r < QR; ++r) n_tile[r] = hp_chunk_tokens(p, row0 + r);
+        // Weights of this lane's columns 8j + 2 tig + e of half h (row h HR + j / (HP / 8)).
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+#pragma unroll
+            for (int j = 0; j < JH; ++j) {
+                const u32 row = row0 + h * HR + j / (HP / 8), hd = 8 * (j % (HP / 8)) + 2 * tig;
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    wreg[h][j][e] = row < p.rows && hd + e < p.heads
+                                        ? __ldg(p.weights + (u64)row * p.heads + hd + e)
+                                        : 0.0f;
+            }
+        }
+        const u32 qs = sit & 1;
+        mbar_wait(full_q(qs), (sit >> 1) & 1);
+        const u32 q_tile = base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM;
+
+        auto issue = [&](auto hc, const Page& pg) {
+            constexpr int H = decltype(hc)::value;
+            hp_wgmma_fence();
+            const u32 a = base + L::K + pg.stage * HP_PAGE_K_BYTES;
+            const u32 b = q_tile + H * NH * IDX_HEAD_DIM;
+            Mma::mma_first(d[H], hp_desc(a), hp_desc(b));
+#pragma unroll
+            for (int s = 1; s < 4; ++s) Mma::mma(d[H], hp_desc(a + 32 * s), hp_desc(b + 32 * s));
+            hp_wgmma_commit();
+        };
+        // relu * weight over each row's heads, times the token's scale.
+        auto epilogue = [&](auto hc, u32 page, const Page& pg) {
+            constexpr int H = decltype(hc)::value;
+            Mma::fence_operands(d[H]);
+            float lo[HR], hi[HR];
+#pragma unroll
+            for (int r = 0; r < HR; ++r) lo[r] = hi[r] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < JH; ++j) {
+                const int r = j / (HP / 8);
+                lo[r] = fmaf(relu_nan(d[H][4 * j]), wreg[H][j][0], lo[r]);
+                lo[r] = fmaf(relu_nan(d[H][4 * j + 1]), wreg[H][j][1], lo[r]);
+                hi[r] = fmaf(relu_nan(d[H][4 * j + 2]), wreg[H][j][0], hi[r]);
+                hi[r] = fmaf(relu_nan(d[H][4 * j + 3]), wreg[H][j][1], hi[r]);
+            }
+#pragma unroll
+            for (int r = 0; r < HR; ++r) {
+                lo[r] = quad_sum(lo[r]);
+                hi[r] = quad_sum(hi[r]);
+            }
+            const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
+            // 2 HR values per quad [lo0, hi0, lo1, ...]: lane tig stores v = tig (mod 4).
+#pragma unroll
+            for (int v = 0; v < 2 * HR; ++v) {
+                if ((v & 3) != (int)tig) continue;
+                const int r = v / 2, rr = H * HR + r;
+                const u32 t = tok0 + t_lo + 8 * (v & 1);
+                if (t < n_tile[rr]) {
+                    const float val = (v & 1) ? hi[r] * pg.sc_hi : lo[r] * pg.sc_lo;
+                    p.logits[(u64)(row0 + rr) * p.logits_row_stride + t] =
+                        pg.pid >= 0 ? val : skip;
+                }
+            }
+        };
+
+        if constexpr (PREFILL) {
+            // Windows of two pages, pipelined inside (a window ends with no
+            // MMA in flight: a group pending over the loop's back edge makes
+            // ptxas wait on it there, C7517):
+            //   a(p) b(p) | ep a(p), a(q) | ep b(p), b(q) | ep a(q) | ep b(q)
+            for (u32 page = pb; page < pe; page += 2, kit += 2) {
+                const bool pair = page + 1 < pe;
+                const Page p0 = take_page(kit);
+                issue(Int<0>{}, p0);
+                issue(Int<1>{}, p0);
+                hp_wgmma_wait<1>();  // a(p)
+                epilogue(Int<0>{}, page, p0);
+                if (pair) {
+                    const Page p1 = take_page(kit + 1);
+                    issue(Int<0>{}, p1);
+                    hp_wgmma_wait<1>();  // b(p)
+                    mbar_arrive(empty_k(p0.stage));
+                    epilogue(Int<1>{}, page, p0);
+                    issue(Int<1>{}, p1);
+                    hp_wgmma_wait<1>();  // a(q)
+                    epilogue(Int<0>{}, page + 1, p1);
+                    hp_wgmma_wait<0>();  // b(q)
+                    mbar_arrive(empty_k(p1.stage));
+                    epilogue(Int<1>{}, page + 1, p1);
+                } else {
+                    hp_wgmma_wait<0>();
+                    mbar_arrive(empty_k(p0.stage));
+                    epilogue(Int<1>{}, page, p0);
+                    kit -= 1;  // one page in this window
+                }
+            }
+        } else {
+            for (u32 page = pb; page < pe; ++page, ++kit) {
+                if ((kit & 1) != wg) continue;  // the other warpgroup's page
+                const Page pg = take_page(kit);
+                issue(Int<0>{}, pg);
+                hp_wgmma_wait<0>();
+                mbar_arrive(empty_k(pg.stage));
+                epilogue(Int<0>{}, page, pg);
+            }
+        }
+        mbar_arrive(empty_q(qs));
+        ++sit;
+    });
+}
+
+#define HOPPER_KERNELS(HEADS)                                                              \
+    B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
+        b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {    \
+        hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES>(hp);                                    \
+    }                                                                                      \
+    B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
+        b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {   \
+        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / 2, HP_PREFILL_UNIT,             \
+                 HP_PREFILL_STAGES>(hp);                                                   \
+    }
+
+HOPPER_KERNELS(16)
+HOPPER_KERNELS(32)
+HOPPER_KERNELS(48)
+HOPPER_KERNELS(64)

@@ -1,0 +1,291 @@
+// Exact top-k of one-chunk rows by a cluster of CTAs per row (sm_90: thread
+// block clusters and distributed shared memory).
+//
+// Same contract as indexer_topk.cu's fold on the last chunk: order value
+// descending, ties to the lowest logical index, NaN below every number, -0
+// equal to +0, tokens on unmapped pages ("not a candidate" logits) and past
+// the row's live length skipped; n <= topk candidates are all emitted and the
+// remaining slots padded with -1 / -inf. Output order is unspecified.
+//
+// Kernels by PER (4, 8, 16: up to 16 K logits per CTA; more would spill at
+// 1024 threads). The launcher picks the cluster size CL (1..8) and PER so that
+// CL * 1024 * PER covers the row.
+//
+// The round-4 selection (one 1024-thread CTA per row, or slices + a merge
+// launch) cost 20-29 us per call on one H200 for 32768-131072 logits, most of
+// it one CTA's serial passes. Here the CL CTAs of a cluster split the row
+// (PER contiguous logits per thread, kept in registers as order-preserving
+// keys) and agree on the k-th key by a radix select over 11 + 11 + 10 bits:
+// each level, every CTA histograms the digit of its keys that match the
+// prefix found so far, the cluster sums the CL histograms through
+// distributed shared memory (one cluster barrier), and every CTA finds the
+// same digit (the bin holding the k-th key). Keys above that bin are emitted
+// at once (output slots from a counter in rank 0's shared memory); after the
+// last level the k-th key's value is exact, and its ties go to the lowest
+// indices (ranks hold ascending index ranges, threads ascending subranges).
+#include "indexer_common.cuh"
+
+#define SEL_THREADS 1024
+#define SEL_WARPS (SEL_THREADS / 32)
+#define SEL_BINS 2048  // 11-bit digits (the last level: 10 bits)
+
+struct SelectParams {
+    const float* logits;   // chunk logits [rows, logits_row_stride] (the whole width)
+    const i32* lengths;    // i32 [rows]
+    const i32* active_width;
+    const i32* page_table;  // for physical output; row r at r * pt_row_stride
+    i32* out_indices;       // [rows, topk]
+    float* out_scores;      // [rows, topk] or null
+    u64 logits_row_stride;
+    u64 pt_row_stride;
+    u32 rows;
+    u32 width;
+    u32 topk;
+    u32 physical;
+    u32 pages;  // pages of the K cache, min(shape[0], 2^31)
+    u32 pad_;
+};
+
+// Order-preserving key of a candidate's logit, never 0: NaN 1 (below -inf,
+// whose key is 0x007fffff), -0 and +0 equal. 0 marks "not a candidate".
+__device__ __forceinline__ u32 sel_key(float v) {
+    u32 b = __float_as_uint(v);
+    if (b == IDX_NOT_CANDIDATE_BITS) return 0u;
+    if (v != v) return 1u;
+    if (v == 0.0f) b = 0u;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ u32 cluster_size() {
+    u32 r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+// Every thread of every CTA of the cluster; orders shared-memory writes
+// before it with the other CTAs' reads after it.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n"
+                 "barrier.cluster.wait.acquire.aligned;\n" ::
+                     : "memory");
+}
+// The shared::cluster address of `p` (a shared variable) in CTA `rank`.
+__device__ __forceinline__ u32 dsmem(const void* p, u32 rank) {
+    u32 a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
+    return a;
+}
+__device__ __forceinline__ u32 dsmem_load(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
+    u32 old;
+    asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v)
+                 : "memory");
+    return old;
+}
+
+// Exclusive scan of one value per thread over the CTA (every thread calls it;
+// `sums` holds SEL_WARPS words); `total` gets the sum.
+__device__ __forceinline__ u32 sel_exclusive_scan(u32 v, u32* sums, u32& total) {
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 x = v;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 s = sums[lane];
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        sums[lane] = s;
+    }
+    __syncthreads();
+    total = sums[SEL_WARPS - 1];
+    const u32 before = warp == 0 ? 0u : sums[warp - 1];
+    __syncthreads();  // sums is reused by the next scan
+    return before + x - v;
+}
+
+template <int PER>
+__device__ __forceinline__ void select_cluster(const SelectParams& p) {
+    __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
+    __shared__ u32 total_hist[SEL_BINS];
+    __shared__ u32 sums[SEL_WARPS];
+    __shared__ u32 slot_counter;  // rank 0's is the cluster's
+    __shared__ u32 found[2];      // the level's digit and the count above it
+
+    const u32 tid = threadIdx.x, lane = tid & 31;
+    const u32 rank = cluster_rank(), ranks = cluster_size();
+    const u32 row = blockIdx.y;
+    const u32 K = p.topk;
+    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
+    const u32 first = (rank * SEL_THREADS + tid) * PER;  // this thread's first position
+    const float* lrow = p.logits + (u64)row * p.logits_row_stride;
+
+    u32 key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i += 4) {
+        const u32 pos = first + i;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
+    }
+    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
+    if (tid == 0) slot_counter = 0u;
+    const u32 counter = dsmem(&slot_counter, 0);
+
+    i32* out_i = p.out_indices + (u64)row * K;
+    float* out_s = p.out_scores ? p.out_scores + (u64)row * K : nullptr;
+    // The bit mask of this thread's keys for which sel(i) holds.
+    auto mask_of = [&](auto&& sel) {
+        u32 m = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) m |= sel(i) ? 1u << i : 0u;
+        return m;
+    };
+    // Writes the positions of `m` to output slots from the cluster's counter
+    // (one atomic per warp).
+    auto emit = [&](u32 m) {
+        const u32 mine = __popc(m);
+        u32 incl = mine;
+#pragma unroll
+        for (u32 o = 1; o < 32; o <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
+        u32 base = 0;
+        if (warp_total != 0) {
+            if (lane == 31) base = dsmem_add(counter, warp_total);
+            base = __shfl_sync(0xffffffffu, base, 31);
+        }
+        u32 slot = base + incl - mine;
+        for (; m != 0; m &= m - 1, ++slot) {
+            const u32 pos = first + (__ffs(m) - 1);
+            i32 idx = (i32)pos;
+            if (p.physical) {
+                const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
+                idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
+            }
+            out_i[slot] = idx;
+            if (out_s) out_s[slot] = lrow[pos];
+        }
+    };
+
+    cluster_sync();  // zeroed histograms and counter before any CTA counts or adds
+    u32 prefix = 0, pmask = 0, need = K, total = 0;
+    // Levels: digits of bits 31..21, 20..10, 9..0.
+#pragma unroll
+    for (int level = 0; level < 3; ++level) {
+        const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+        const u32 bins = level == 2 ? 1024u : 2048u;
+        u32* h = hist[level & 1];
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
+        cluster_sync();
+        // The cluster's counts, summed from every rank's histogram.
+        for (u32 b = tid; b < bins; b += SEL_THREADS) {
+            u32 s = 0;
+#pragma unroll 8
+            for (u32 r = 0; r < ranks; ++r) s += dsmem_load(dsmem(&h[b], r));
+            total_hist[b] = s;
+        }
+        __syncthreads();
+        // Counts above each thread's bins (bins descending over threads): the
+        // k-th key's digit is where the count reaches `need`.
+        const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+        const u32 top = bins - 1 - tid * per_bins;  // this thread's highest bin
+        u32 mine = 0;
+        for (u32 j = 0; j < per_bins; ++j) mine += total_hist[top - j];
+        u32 all;
+        u32 above = sel_exclusive_scan(mine, sums, all);
+        if (level == 0) {
+            total = all;
+            need = min(K, total);
+        }
+        if (need == 0) break;  // uniform: no candidates at all
+        if (level == 0 && total <= K) break;  // uniform: every candidate is selected
+        for (u32 j = 0; j < per_bins; ++j) {
+            const u32 c = total_hist[top - j];
+            if (above < need && above + c >= need) {
+                found[0] = top - j;
+                found[1] = above;
+            }
+            above += c;
+        }
+        __syncthreads();
+        const u32 digit = found[0], count_above = found[1];
+        const u32 dmask = (bins - 1) << shift;
+        const u32 want = prefix;
+        const u32 wmask = pmask;
+        emit(mask_of([&](int i) {
+            return key[i] != 0u && (key[i] & wmask) == want &&
+                   ((key[i] >> shift) & (bins - 1)) > digit;
+        }));
+        need -= count_above;
+        prefix |= digit << shift;
+        pmask |= dmask;
+        // The other parity's histogram is free (every rank read it last
+        // level, before this level's cluster barrier): clear it for the next.
+        for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[(level + 1) & 1][b] = 0u;
+        __syncthreads();
+    }
+
+    if (total <= K) {
+        // Every candidate, then the padding.
+        emit(mask_of([&](int i) { return key[i] != 0u; }));
+        for (u32 s = total + rank * SEL_THREADS + tid; s < K; s += ranks * SEL_THREADS) {
+            out_i[s] = -1;
+            if (out_s) out_s[s] = b12x_neg_inf();
+        }
+    } else {
+        // Ties at the k-th key (`prefix` now): the lowest indices. The last
+        // level's histogram (parity 0) counts them per rank.
+        const u32 d = prefix & 1023u;
+        u32 before = 0;
+        for (u32 r = 0; r < rank; ++r) before += dsmem_load(dsmem(&hist[0][d], r));
+        const u32 here = hist[0][d];
+        const u32 take = need > before ? min(need - before, here) : 0u;
+        u32 mine = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
+        u32 all;
+        const u32 ahead = sel_exclusive_scan(mine, sums, all);
+        u32 seen = ahead, m = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (key[i] == prefix) {
+                m |= seen < take ? 1u << i : 0u;
+                ++seen;
+            }
+        }
+        emit(m);
+    }
+    cluster_sync();  // no CTA leaves while another may still read its shared memory
+}
+
+#define SELECT_KERNEL(PER)                                                              \
+    B12X_KERNEL void __launch_bounds__(SEL_THREADS, 1)                                  \
+        b12x_indexer_select_p##PER(const SelectParams p) {                              \
+        select_cluster<PER>(p);                                                         \
+    }
+
+SELECT_KERNEL(4)
+SELECT_KERNEL(8)
+SELECT_KERNEL(16)

@@ -1,0 +1,131 @@
+"""The vLLM plugin uses b12x's indexer only where it is not slower than stock vLLM.
+
+``speed_rule.decide`` on synthetic figures, the committed figures against the
+committed benchmark they come from, and the hooks declining (logged once, with
+the figures) on a Hopper GPU where the committed benchmark does not show b12x
+at least as fast, against the real vLLM 0.33.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import indexer_support as s
+import pytest
+from b12x.integration.vllm import indexer_hooks, speed_rule
+from vllm.utils.import_utils import has_deep_gemm
+
+ROOT = Path(__file__).resolve().parents[2]
+HOPPER = (9, 0)
+
+
+def table(**cases):
+    """Figures of one architecture: case -> (mode, exact, fast, stock)."""
+    return {
+        "sm_90": {
+            "source": "bench-results/h200/indexer.json",
+            "device": "NVIDIA H200",
+            "timestamp": "t",
+            "cases": {
+                name: {"mode": m, "exact_us": e, "fast_us": f, "stock_us": st}
+                for name, (m, e, f, st) in cases.items()
+            },
+        }
+    }
+
+
+FASTER = table(decode_a=("decode", 80.0, 70.0, 98.2), prefill_b=("prefill", 2400.0, 1900.0, 2540.0))
+
+
+def test_b12x_serves_where_stock_vllm_has_no_fast_indexer():
+    # no DeepGEMM, or an architecture vLLM runs none on (Ada)
+    for cc, deepgemm in [(HOPPER, False), ((8, 9), True), ((8, 9), False)]:
+        d = speed_rule.decide(cc, "exact", deepgemm, FASTER)
+        assert d.use_b12x and "stock vLLM has no fast indexer here" in d.reason
+
+
+def test_b12x_serves_only_where_every_case_is_at_least_as_fast():
+    assert speed_rule.decide(HOPPER, "exact", True, FASTER).use_b12x
+    tie = table(
+        decode_a=("decode", 98.2, 90.0, 98.2), prefill_b=("prefill", 2540.0, 1900.0, 2540.0)
+    )
+    assert speed_rule.decide(HOPPER, "exact", True, tie).use_b12x  # as fast counts
+    one_slower = table(
+        decode_a=("decode", 80.0, 70.0, 98.2), prefill_b=("prefill", 4345.7, 1900.0, 2540.0)
+    )
+    d = speed_rule.decide(HOPPER, "exact", True, one_slower)
+    assert not d.use_b12x
+    assert "prefill_b: b12x 4345.7 us, stock 2540.0 us" in d.reason
+    assert "decode_a" not in d.reason and "exact precision" in d.reason
+    # the precision the plugin plans with picks the arm
+    assert speed_rule.decide(HOPPER, "fast", True, one_slower).use_b12x
+
+
+def test_a_missing_figure_never_counts_as_a_win():
+    no_stock = table(decode_a=("decode", 80.0, 70.0, None))
+    d = speed_rule.decide(HOPPER, "exact", True, no_stock)
+    assert not d.use_b12x and "decode_a: b12x 80.0 us, stock no figure" in d.reason
+    # an architecture with DeepGEMM and no committed benchmark (Blackwell)
+    for cc in [(10, 0), (12, 0)]:
+        d = speed_rule.decide(cc, "exact", True, FASTER)
+        assert not d.use_b12x and "no committed benchmark" in d.reason and "sm_" in d.reason
+
+
+def test_the_committed_figures_are_the_committed_benchmark():
+    want = speed_rule.render_figures(ROOT)
+    got = speed_rule.FIGURES_FILE.read_text()
+    assert got == want, "run: python -m b12x.integration.vllm.speed_rule (from the repo root)"
+    for arch, rel in speed_rule.BENCH_FILES.items():
+        bench = json.loads((ROOT / rel).read_text())
+        cases = json.loads(got)[arch]["cases"]
+        assert set(cases) == {r["case"] for r in bench["results"]}
+
+
+def test_today_hopper_leaves_the_indexer_to_vllm_and_says_why():
+    # the committed H200 run: b12x slower than (or not yet measured against) stock
+    d = speed_rule.decide(HOPPER, speed_rule.PLAN_PRECISION, True)
+    assert not d.use_b12x
+    for case in ("decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"):
+        assert case in d.reason
+
+
+def test_stock_fast_path_is_vllms_own_check():
+    assert speed_rule.stock_fast_path(inside_vllm=True) is has_deep_gemm()
+    # vLLM's wheel ships DeepGEMM in vllm/third_party: found without importing it
+    assert speed_rule.stock_fast_path(inside_vllm=False) is True
+
+
+@pytest.fixture
+def hooks(monkeypatch):
+    s.use_cpu_kernels(monkeypatch)
+    indexer_hooks.uninstall()
+    monkeypatch.setattr(indexer_hooks, "_LOGGED", set())
+    yield indexer_hooks
+    indexer_hooks.uninstall()
+
+
+def test_on_hopper_with_deepgemm_the_hooks_decline_once_with_the_figures(
+    hooks, monkeypatch, caplog
+):
+    # this CPU stands in for the device check's last step: a Hopper GPU where
+    # vLLM has DeepGEMM (the rule then reads the committed figures)
+    monkeypatch.setattr(speed_rule, "stock_fast_path", lambda inside_vllm: True)
+    monkeypatch.setattr(hooks, "_device_reason", lambda: hooks._speed_reason(HOPPER))
+    with caplog.at_level(logging.INFO, logger="b12x.integration.vllm"):
+        assert hooks.install(s.make_config()) is False
+        assert hooks.install(s.make_config()) is False
+    logged = [r.getMessage() for r in caplog.records if "b12x indexer not used" in r.getMessage()]
+    assert len(logged) == 1
+    assert "not shown at least as fast as stock vLLM on sm_90" in logged[0]
+    assert "prefill_r4096_L32768: b12x 4345.7 us" in logged[0]
+    assert "vLLM's own indexer runs" in logged[0]
+    assert not hooks.installed()
+
+
+def test_without_deepgemm_the_hooks_install_b12x(hooks, monkeypatch):
+    monkeypatch.setattr(speed_rule, "stock_fast_path", lambda inside_vllm: False)
+    monkeypatch.setattr(hooks, "_device_reason", lambda: hooks._speed_reason(HOPPER))
+    assert hooks.install(s.make_config()) is True
+    assert hooks.installed()
