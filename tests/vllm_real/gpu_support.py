@@ -21,8 +21,6 @@ import pytest
 import torch
 from b12x.integration.vllm.indexer import C4SparseIndexer
 from vllm.config import set_current_vllm_config
-from vllm.v1.kv_cache_interface import KVCacheTensor, create_kv_cache_views
-from vllm.v1.kv_cache_layout import KVCacheLayout
 from vllm.v1.worker import workspace
 
 DEVICE = torch.device("cuda", 0)
@@ -90,18 +88,7 @@ def vllm_deep_gemm(monkeypatch):
 def bind_packed_caches(layers: Sequence[Any], config: Any, num_blocks: int) -> None:
     """:func:`indexer_support.bind_packed_caches` on ``cuda:0``: block-outermost
     views of one CUDA allocation, vLLM's allocator layout, every byte random."""
-    spec = layers[0].get_kv_cache_spec(config)
-    page = spec.page_size_bytes
-    tensor = KVCacheTensor(
-        size=page * len(layers) * num_blocks,
-        layers=[layer.prefix for layer in layers],
-        layer_stride=page,
-        block_stride=page * len(layers),
-    )
-    raw = torch.randint(-128, 128, (tensor.size,), dtype=torch.int8, device=DEVICE)
-    views = create_kv_cache_views(raw, spec, num_blocks, KVCacheLayout.BLHNC, tensor)
-    for layer, view in zip(layers, views, strict=True):
-        layer.bind_kv_cache(view)
+    s.bind_packed_caches(layers, config, num_blocks, device=DEVICE)
 
 
 def on_device(common: Any) -> Any:

@@ -178,10 +178,13 @@ def index_cache_layers(cls: type, config: VllmConfig, names: Sequence[str], **kw
         ]
 
 
-def bind_packed_caches(layers: Sequence[Any], config: VllmConfig, num_blocks: int) -> None:
+def bind_packed_caches(
+    layers: Sequence[Any], config: VllmConfig, num_blocks: int, device: str = "cpu"
+) -> None:
     """Gives ``layers`` KV caches the way vLLM's allocator views them, block-outermost
     (``BLHNC``): block ``b`` holds every layer's page, so a layer's page stride
-    is ``len(layers)`` padded pages. Every byte starts random."""
+    is ``len(layers)`` padded pages, in one allocation on ``device``. Every
+    byte starts random."""
     spec = layers[0].get_kv_cache_spec(config)
     page = spec.page_size_bytes
     tensor = KVCacheTensor(
@@ -190,7 +193,7 @@ def bind_packed_caches(layers: Sequence[Any], config: VllmConfig, num_blocks: in
         layer_stride=page,
         block_stride=page * len(layers),
     )
-    raw = torch.randint(-128, 128, (tensor.size,), dtype=torch.int8)
+    raw = torch.randint(-128, 128, (tensor.size,), dtype=torch.int8, device=device)
     views = create_kv_cache_views(raw, spec, num_blocks, KVCacheLayout.BLHNC, tensor)
     for layer, view in zip(layers, views, strict=True):
         layer.bind_kv_cache(view)
