@@ -18,7 +18,7 @@ step() {
   local name=$1 limit=$2
   shift 2
   echo "== $name"
-  timeout "$limit" "$@" >"$RESULTS/$name.txt" 2>&1
+  timeout -k 10 "$limit" "$@" >"$RESULTS/$name.txt" 2>&1
   local rc=$?
   tail -n "${TAIL:-6}" "$RESULTS/$name.txt"
   echo "$name rc=$rc"
