@@ -23,6 +23,7 @@ sys.path.insert(0, str(TOOLS))
 import carry  # noqa: E402
 import deepgemm_peer  # noqa: E402
 import vllm_bundle  # noqa: E402
+import vllm_ops_lib  # noqa: E402
 
 
 def write(root: Path, files: dict[str, bytes | str]) -> None:
@@ -217,6 +218,12 @@ def test_pip_fetches_cp312_wheels_for_every_glibc_the_host_runs():
     assert "manylinux_2_29_x86_64" not in cmd and "manylinux_2_28_x86_64" in cmd
 
 
+@pytest.fixture(autouse=True)
+def no_carried_ops_library(tmp_path, monkeypatch):
+    """The ops library's parts this checkout may hold are not the test's."""
+    monkeypatch.setattr(vllm_ops_lib, "OPS_DIR", tmp_path / "no-ops-parts")
+
+
 def bundle_in(tmp_path, monkeypatch, module):
     """Points a bundle script's folders at tmp_path."""
     bundle = tmp_path / "device" / module.__name__
@@ -243,8 +250,10 @@ def test_install_unpacks_the_tree_writes_the_stand_in_and_says_what_the_host_has
     assert vllm_bundle.main(["install", "--site", str(target)]) == 0
     out = capsys.readouterr().out
     assert (target / "vllm/platforms/cuda.py").is_file() and not (target / "vllm/vllm-rs").exists()
-    stand_in = (target / "vllm/_C_stable_libtorch.py").read_text()
-    assert "B12X_STAND_IN = True" in stand_in and "registers no" in stand_in
+    for module in ("_C_stable_libtorch", "vllm_flash_attn/_vllm_fa2_C"):
+        stand_in = (target / f"vllm/{module}.py").read_text()
+        assert "B12X_STAND_IN = True" in stand_in and "registers no" in stand_in
+    assert "_C_stable_libtorch: stand-in (" in out and "not carried" in out
     assert "pytest" in out and "no-such-dist" in out and "MISSING" in out
     assert vllm_bundle.main(["install", "--site", str(target)]) == 0
     assert "already there" in capsys.readouterr().out
@@ -256,7 +265,7 @@ def test_the_stand_in_is_what_the_bench_reports_as_such(tmp_path):
     from b12x.bench import indexer_peers
 
     (tmp_path / "vllm").mkdir()
-    (path,) = vllm_bundle.write_stand_ins(tmp_path)
+    path, _ = vllm_bundle.write_stand_ins(tmp_path, set())
     spec = importlib.util.spec_from_file_location("stand_in", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,8 +10,8 @@ Fixtures: ``tp_ranks``, two real vLLM ranks forming a TP group over gloo
 
 On a GPU host, ``VLLM_TARGET_DEVICE=cuda`` (tools/gpu/vllm_real.sh) gives vLLM
 its CUDA platform instead: the ``test_gpu_*`` files run there (they skip on the
-CPU platform) and every other file here skips, as it builds its tensors on the
-CPU for vLLM's CPU platform.
+CPU platform) and every other file here is left out of the collection (named in
+the report header), as it builds its tensors on the CPU for vLLM's CPU platform.
 """
 
 from __future__ import annotations
@@ -35,19 +35,31 @@ HERE = Path(__file__).resolve().parent
 GPU_FILES = "test_gpu_"
 
 
-def pytest_collection_modifyitems(config, items):
+def _on_cuda_platform() -> bool:
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cuda():
-        return
-    skip = pytest.mark.skip(
-        reason="written for vLLM's CPU platform (CPU tensors); on its CUDA platform "
-        f"the {GPU_FILES}* files run"
-    )
-    for item in items:
-        path = Path(item.path).resolve()
-        if path.parent == HERE and not path.name.startswith(GPU_FILES):
-            item.add_marker(skip)
+    return bool(current_platform.is_cuda())
+
+
+def pytest_ignore_collect(collection_path, config):
+    """On vLLM's CUDA platform the CPU-platform files are not even imported:
+    they build CPU tensors, and their imports may need what the GPU host lacks."""
+    path = Path(collection_path).resolve()
+    if path.parent != HERE or not path.name.startswith("test_") or path.suffix != ".py":
+        return None
+    if path.name.startswith(GPU_FILES) or not _on_cuda_platform():
+        return None
+    return True
+
+
+def pytest_report_header(config):
+    if _on_cuda_platform():
+        left = sorted(
+            p.name for p in HERE.glob("test_*.py") if not p.name.startswith(GPU_FILES)
+        )
+        return [f"vLLM's CUDA platform: the {GPU_FILES}* files run; {len(left)} CPU-platform "
+                f"files left out ({', '.join(left)})"]  # fmt: skip
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import carry
+import vllm_ops_lib
 
 BUNDLE_DIR = carry.DEVICE_DIR / "vllm"
 WHEELS = BUNDLE_DIR / "wheels"
@@ -55,11 +56,16 @@ GLIBC = (2, 39)
 SKIPPED_SUFFIXES = (".so",)
 SKIPPED_PREFIXES = ("third_party/deep_gemm/include/",)
 ELF_MAGIC = b"\x7fELF"
-# vllm/platforms/cuda.py imports this library at module import; without it
-# the CUDA platform cannot load. Every other compiled library vLLM imports
-# inside try/except ImportError and is simply absent here.
+# Compiled libraries that vLLM imports outside try/except ImportError: without
+# them its CUDA platform, or the attention package every model imports, cannot
+# load. Every other compiled library is imported inside try/except and is
+# simply absent here. The op library travels for real where its parts were
+# carried (vllm_ops_lib.py); its stand-in is written only when it did not.
+OPS_LIBRARY = "_C_stable_libtorch"
 STAND_INS = {
-    "_C_stable_libtorch": "vLLM's compiled op library (92 MB), imported by vllm/platforms/cuda.py",
+    OPS_LIBRARY: "vLLM's compiled op library (92 MB), imported by vllm/platforms/cuda.py",
+    "vllm_flash_attn/_vllm_fa2_C": "flash-attention 2 (308 MB); vllm/vllm_flash_attn/__init__.py "
+    "raises unless FA2 or FA3 imports, and vllm.model_executor.layers.attention imports it",
 }
 STAND_IN_SOURCE = '''"""Stand-in written by b12x's tools/gpu/vllm_bundle.py: {what}.
 
@@ -253,10 +259,16 @@ def report_sizes(archive: dict[str, object], wheels: list[Path], b12x_wheel: str
 # --- install (on the GPU host) -----------------------------------------------------------------
 
 
-def write_stand_ins(site: Path) -> list[Path]:
+def write_stand_ins(site: Path, real: set[str]) -> list[Path]:
+    """Writes the stand-in of every library in :data:`STAND_INS` but those in
+    ``real`` (carried for real), and removes a stand-in left for those."""
     written = []
     for module, what in STAND_INS.items():
         path = site / "vllm" / f"{module}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if module in real:
+            path.unlink(missing_ok=True)
+            continue
         path.write_text(STAND_IN_SOURCE.format(what=what))
         written.append(path)
     return written
@@ -295,9 +307,12 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     sha = str(manifest["tree"]["sha256"])
     count = carry.unpack_once(archive, site, sha, "vllm", then=install_wheels)
-    stand_ins = write_stand_ins(site)
+    why_not_real = vllm_ops_lib.install(site)
+    stand_ins = write_stand_ins(site, set() if why_not_real else {OPS_LIBRARY})
     done = "already there" if count is None else f"{count} files and {len(wheels)} wheels"
     print(f"vllm_bundle: vLLM {manifest['vllm']} in {site}: {done}")
+    real = "the real one, carried in parts" if not why_not_real else f"stand-in ({why_not_real})"
+    print(f"  {OPS_LIBRARY}: {real}")
     print(f"  stand-ins (register no ops): {', '.join(str(p) for p in stand_ins)}")
     carried = {normalize(w.name.split("-")[0]) for w in wheels}
     print("  from the host's python3:")
