@@ -591,6 +591,27 @@ fn hopper_maps(
     Ok([k, scales, q])
 }
 
+/// What a binding's launches need beyond its arguments, encoded once at bind
+/// time: the TMA scorers' tensor maps describe the bound tensors' addresses,
+/// so a run only copies them into the parameter block.
+#[derive(Clone, Copy)]
+pub struct BoundMaps {
+    hopper: Option<[TensorMap; 3]>,
+}
+
+impl BoundMaps {
+    /// The maps `recipe`'s scorer reads for binding `b` (none for the other scorers).
+    pub fn encode(b: &Binding, recipe: &LaunchRecipe) -> Result<Self> {
+        let hopper = match recipe.grid {
+            ScorerGrid::Tma { heads_padded, block_rows, .. } if recipe.stages.scores() => {
+                Some(hopper_maps(b.args(), heads_padded, block_rows)?)
+            }
+            _ => None,
+        };
+        Ok(BoundMaps { hopper })
+    }
+}
+
 /// Enqueues the whole indexer call of `b` on `stream` (a CUstream of the
 /// binding's device) as `recipe` (the binding's plan's) says: no allocation,
 /// no sync. A call with zero rows enqueues nothing.
@@ -599,8 +620,14 @@ fn hopper_maps(
 /// `b` must come from `bind` over live tensors of its device (every address
 /// valid for the accesses its documented shape implies, the scratch at least
 /// `plan.nbytes()` bytes and disjoint from the operands), `recipe` must be
-/// `LaunchRecipe::new(b.plan())`, and `stream` must belong to that device.
-pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) -> Result<()> {
+/// `LaunchRecipe::new(b.plan())`, `maps` `BoundMaps::encode(b, recipe)`, and
+/// `stream` must belong to that device.
+pub unsafe fn launch_indexer(
+    b: &Binding,
+    recipe: &LaunchRecipe,
+    maps: &BoundMaps,
+    stream: u64,
+) -> Result<()> {
     debug_check(b);
     let (plan, a) = (b.plan(), b.args());
     if a.rows == 0 {
@@ -659,13 +686,8 @@ pub unsafe fn launch_indexer(b: &Binding, recipe: &LaunchRecipe, stream: u64) ->
         pages,
         pad: 0,
     };
-    let mut hopper = match recipe.grid {
-        ScorerGrid::Tma { heads_padded, block_rows, .. } if recipe.stages.scores() => {
-            let [k_map, scale_map, q_map] = hopper_maps(a, heads_padded, block_rows)?;
-            Some(HopperParams { k_map, scale_map, q_map, s: score })
-        }
-        _ => None,
-    };
+    let mut hopper =
+        maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams { k_map, scale_map, q_map, s: score });
     let mut score = score;
     let fold = if a.rows <= recipe.multiprocessors { recipe.fold_few } else { recipe.fold_many };
     // The two-stage kernels run the general paths only (no stage): the staged

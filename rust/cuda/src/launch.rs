@@ -94,7 +94,9 @@ pub unsafe fn launch(
             // SAFETY: forwarded from this function's contract.
             unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
                 .result()
-                .ctx("cuLaunchKernelEx", || format!("cuda:{ordinal} ({})", kernel.symbol()))
+                .ctx("cuLaunchKernelEx", || format!("cuda:{ordinal} ({})", kernel.symbol()))?;
+            LAUNCHES.fetch_add(1, Ordering::Relaxed);
+            Ok(())
         });
     }
     with_context(modules.context, || {

@@ -4,8 +4,8 @@
 //! (`cuTensorMapEncodeTiled`: pure host work, no device call, no sync) and a
 //! kernel receives by value in its `__grid_constant__` parameters; the copy
 //! engine then reads boxes of the described tensor into shared memory. The
-//! indexer's maps depend on one call's addresses, so the launcher encodes
-//! them per call.
+//! indexer's maps depend on the bound tensors' addresses, so they are
+//! encoded once per binding (`indexer::BoundMaps`), not per run.
 
 use cudarc::driver::sys;
 

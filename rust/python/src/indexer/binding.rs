@@ -3,7 +3,7 @@
 
 use b12x_core::indexer::{self, Operands, PageFault};
 use b12x_core::{Device, Error as CoreError};
-use b12x_cuda::indexer::launch_indexer;
+use b12x_cuda::indexer::{launch_indexer, BoundMaps};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -19,6 +19,8 @@ use crate::tensor::{extract_torch_tensor, is_torch_tensor};
 #[pyclass(name = "Binding", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyBinding {
     core: indexer::Binding,
+    /// The CUDA launches' tensor maps, encoded at bind (None on the CPU).
+    maps: Option<BoundMaps>,
     plan: Py<PyPlan>,
     #[pyo3(get)]
     scratch: Py<PyAny>,
@@ -256,8 +258,13 @@ pub(super) fn indexer_bind(
         output_scores,
     };
     let core = bind_objects(plan.get(), &objects)?;
+    let maps = match plan.get().recipe.as_ref() {
+        Some(recipe) => Some(BoundMaps::encode(&core, recipe)?),
+        None => None,
+    };
     Ok(PyBinding {
         core,
+        maps,
         plan: plan.clone().unbind(),
         scratch: scratch.unbind(),
         q_fp8: q_fp8.clone().unbind(),
@@ -331,7 +338,7 @@ pub(super) fn indexer_check(py: Python<'_>, ordinal: Option<u32>) -> PyB12xResul
 /// shapes only.
 fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     let args = b.core.args();
-    let Some(recipe) = b.plan.get().recipe.as_ref() else {
+    let (Some(recipe), Some(maps)) = (b.plan.get().recipe.as_ref(), b.maps.as_ref()) else {
         return Err(CoreError::Device {
             op: "run",
             operand: "binding".into(),
@@ -346,6 +353,6 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     // from a buffer of at least plan.nbytes(); the binding holds the tensors,
     // and the stream is torch's current stream of that device.
     // An empty call enqueues nothing (launch_indexer).
-    unsafe { launch_indexer(&b.core, recipe, stream)? };
+    unsafe { launch_indexer(&b.core, recipe, maps, stream)? };
     Ok(())
 }
