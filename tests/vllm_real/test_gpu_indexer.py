@@ -154,7 +154,9 @@ def test_v32_layer_runs_b12x_through_the_call_its_attention_makes(hooks):
             prefix="model.layers.0.self_attn.indexer",
         )  # fmt: skip
     assert isinstance(indexer, indexer_backend.B12xDeepseekV32Indexer)
-    op = indexer.indexer_op
+    # vLLM's SparseAttnIndexer as b12x registers it out of tree, holding b12x's op
+    assert isinstance(indexer.indexer_op, indexer_backend.B12xSparseAttnIndexer)
+    op = indexer.indexer_op.b12x
     assert isinstance(op, C4SparseIndexer) and op.compress_ratio == 1
     assert op.topk_indices_buffer.is_cuda
     g.bind_packed_caches([indexer.k_cache], config, num_blocks=256)

@@ -92,8 +92,12 @@ def test_what_doctor_says_is_on_is_what_vllms_plugin_loader_installs(switch, com
     assert f"vLLM indexer with B12X_VLLM=indexer: {who} ({rule.reason})" in report
     assert ("all-reduce in vLLM's custom all-reduce slot" in report) is ("allreduce" in components)
     assert probe["allreduce"] is ("allreduce" in components)
+    # the plugin's one line: what is on, then what was asked for and left to vLLM
+    on = [c for c in components if c != "indexer" or rule.use_b12x]
     if components:
-        assert f"b12x vLLM plugin on: {', '.join(components)}" in log
+        assert f"b12x vLLM plugin on: {', '.join(on) or 'nothing'}" in log
+        declined = "indexer" in components and not rule.use_b12x
+        assert ("; not used: indexer (" in log) is declined
     else:
         assert "unset: off, vLLM runs as stock" in report
     # this GPU runs the kernels: the only reason the hooks decline is the speed rule's
