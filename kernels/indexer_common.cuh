@@ -130,6 +130,51 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Programmatic dependent launch (sm_90+). A kernel calls pdl_launch_dependents
+// to let the next kernel of its stream start launching early; that kernel, if
+// launched as dependent, calls pdl_wait before it reads what this one writes
+// (it returns once this grid has finished and its writes are visible). Both
+// are no-ops for launches that did not ask for it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Inclusive sum of `x` over lanes 0..lane of the warp.
+__device__ __forceinline__ u32 warp_inclusive_sum(u32 x) {
+    const u32 lane = threadIdx.x & 31;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// Exclusive sum of one value per thread over a CTA of THREADS threads (every
+// thread calls it; `sums` holds THREADS / 32 words, free again on return);
+// `total` gets the CTA's sum.
+template <u32 THREADS>
+__device__ __forceinline__ u32 block_exclusive_sum(u32 v, u32* sums, u32& total) {
+    static_assert(THREADS % 32 == 0 && THREADS <= 1024, "whole warps");
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const u32 x = warp_inclusive_sum(v);
+    if (lane == 31) sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) sums[lane] = warp_inclusive_sum(lane < THREADS / 32 ? sums[lane] : 0u);
+    __syncthreads();
+    total = sums[THREADS / 32 - 1];
+    const u32 before = warp == 0 ? 0u : sums[warp - 1];
+    __syncthreads();
+    return before + x - v;
+}
+
 // Sum over the 4 lanes of a quad (lanes 4g .. 4g + 3); every lane gets it.
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);

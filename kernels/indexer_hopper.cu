@@ -18,14 +18,14 @@
 //     K, no conversion, natural dim order on both sides;
 //   * FP8 wgmma m64nNk32 (precision="fast": Hopper's FP8 accumulation keeps
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
-//   * decode (memory-bound): the two consumer warpgroups take alternate pages;
-//     prefill (MMA-bound): each takes 4 of the block's 8 query rows on every
-//     page, as two halves of 2 rows (N = 2 x heads) whose MMAs are software-
-//     pipelined across pages, so each half's relu * weight epilogue runs under
-//     the other half's MMAs. (Whole 4-row MMAs taken in turn by the two
-//     warpgroups measured 2.51 ms for prefill_r4096_L32768 on one H200, the
-//     tensor pipe 43% busy: one warp's 128-element epilogue outlasted the other
-//     warpgroup's MMAs.)
+//   * four consumer warpgroups: decode (memory-bound) deals them the pages in
+//     turn; prefill (MMA-bound) gives each 2 of the block's 8 query rows (N =
+//     2 x heads) on every page. The relu * weight epilogue (two instructions
+//     per accumulator) is latency-bound in one warp, so it is the number of
+//     warps per scheduler that keeps the tensor pipe fed while others run it:
+//     on one H200, prefill_r4096_L32768's scorer took 2.51 ms with two
+//     warpgroups of 4 rows taking turns, and 2.44 ms with their MMAs split in
+//     two software-pipelined halves (the tensor pipe ~45% busy either way).
 //
 // Work: the chunk's live pages of every row block (decode: 1 row, prefill: 8
 // rows sharing one page-table row) in units of UNIT pages, prefix-summed in
@@ -37,18 +37,26 @@
 #include "indexer_common.cuh"
 #include "wgmma_fp8_ss.cuh"
 
-#define HP_THREADS 384  // producer warpgroup (one warp works) + 2 consumer warpgroups
+#define HP_CONSUMERS 4
+#define HP_THREADS 640  // producer warpgroup (one warp works) + 4 consumer warpgroups
+static_assert(HP_THREADS == 128 * (1 + HP_CONSUMERS), "one warpgroup per role");
 #define HP_DECODE_STAGES 16
 #define HP_PREFILL_STAGES 8
-#define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
+#define HP_PREFILL_ROWS 8  // query rows of a prefill block (2 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
-// Registers per thread after the warpgroups' reallocation (setmaxnreg):
-// 128 x 40 + 256 x 232 <= 64 K.
-#define HP_PRODUCER_REGS 40
-#define HP_CONSUMER_REGS 232
+// Registers per thread after the warpgroups' reallocation (setmaxnreg). The
+// pool is what the CTA got at launch: 640 threads x 96 (the most a multiple
+// of 8 allows under 64 K); asking for more than the producer gives back
+// blocks the consumers for ever (seen on an H200 with 40 / 112).
+#define HP_PRODUCER_REGS 32
+#define HP_CONSUMER_REGS 112
+#define HP_ENTRY_REGS (65536 / HP_THREADS / 8 * 8)
+static_assert(HP_PRODUCER_REGS + HP_CONSUMERS * HP_CONSUMER_REGS <=
+                  (1 + HP_CONSUMERS) * HP_ENTRY_REGS,
+              "the consumers' registers come from the producer's");
 
 // A CUtensorMap (the driver encodes it on the host; opaque here).
 struct alignas(64) TmaDesc {
@@ -194,30 +202,6 @@ __device__ __forceinline__ BlockRows<RPB> hp_block(const ScoreParams& p, u32 blk
     return b;
 }
 
-// Exclusive scan of one value per thread over the CTA; every thread calls it.
-__device__ __forceinline__ u32 hp_block_exclusive_scan(u32 v, u32* warp_sums) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 x = v;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        u32 s = lane < HP_THREADS / 32 ? warp_sums[lane] : 0u;
-#pragma unroll
-        for (u32 o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        warp_sums[lane] = s;
-    }
-    __syncthreads();
-    return (warp == 0 ? 0u : warp_sums[warp - 1]) + x - v;
-}
-
 // prefix[b] = units of the blocks before b, prefix[blocks] = all units.
 template <int RPB, int UNIT>
 __device__ __forceinline__ void hp_scan_units(const ScoreParams& p, u32* prefix, u32* warp_sums,
@@ -230,13 +214,14 @@ __device__ __forceinline__ void hp_scan_units(const ScoreParams& p, u32* prefix,
         prefix[b] = units;
         sum += units;
     }
-    u32 run = hp_block_exclusive_scan(sum, warp_sums);
+    u32 all;
+    u32 run = block_exclusive_sum<HP_THREADS>(sum, warp_sums, all);
     for (u32 b = b0; b < b1; ++b) {
         const u32 units = prefix[b];
         prefix[b] = run;
         run += units;
     }
-    if (threadIdx.x == HP_THREADS - 1) prefix[blocks] = run;
+    if (threadIdx.x == 0) prefix[blocks] = all;
     __syncthreads();
 }
 
@@ -273,7 +258,7 @@ template <int HP, int RPB, int QR, int UNIT, int STAGES>
 __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     using L = HpSmem<HP, RPB, STAGES>;
     constexpr bool PREFILL = QR > 1;
-    static_assert(PREFILL ? RPB == 2 * QR : RPB == 1, "tiles per block");
+    static_assert(PREFILL ? RPB == HP_CONSUMERS * QR : RPB == 1, "tiles per block");
     const ScoreParams& p = hp.s;
 
     extern __shared__ __align__(16) u8 smem_raw[];
@@ -286,10 +271,13 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     auto full_q = [&](u32 s) { return bar + 8 * (2 * STAGES + s); };
     auto empty_q = [&](u32 s) { return bar + 8 * (2 * STAGES + 2 + s); };
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // The selection after this kernel may launch now: its CTAs take SMs as
+    // this grid's leave and wait for the logits there (pdl_wait).
+    pdl_launch_dependents();
 
     // Consumers release a K stage: decode one warpgroup (128 threads),
-    // prefill both; a Q stage: both warpgroups.
-    constexpr u32 K_RELEASERS = PREFILL ? 256 : 128;
+    // prefill all of them; a Q stage: all of them.
+    constexpr u32 K_RELEASERS = PREFILL ? 128 * HP_CONSUMERS : 128;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < STAGES; ++s) {
             mbar_init(full_k(s), 1);
@@ -297,7 +285,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         }
         for (u32 s = 0; s < 2; ++s) {
             mbar_init(full_q(s), 1);
-            mbar_init(empty_q(s), 256);
+            mbar_init(empty_q(s), 128 * HP_CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -333,15 +321,12 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                     const u32 page = i0 + j;
                     if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
                         if (lane == 0) {
-                            u32 first = 0;  // the first row that reaches this page
-                            bool found = false;
-#pragma unroll
-                            for (int rr = 0; rr < RPB; ++rr) {
-                                if (!found && br.n[rr] > page * IDX_PAGE_ROWS) {
-                                    first = rr;
-                                    found = true;
-                                }
-                            }
+                            // The first row that reaches this page (lengths
+                            // read again: a cold path, kept out of registers).
+                            u32 first = 0;
+                            while (first + 1 < RPB &&
+                                   hp_chunk_tokens(p, br.row0 + first) <= page * IDX_PAGE_ROWS)
+                                ++first;
                             idx_report_bad_page(p.status, br.row0 + first,
                                                 p.chunk_start / IDX_PAGE_ROWS + page, pid, p.pages);
                         }
@@ -371,38 +356,16 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 
     // ---------------- consumers
     regs_inc<HP_CONSUMER_REGS>();
-    const u32 wg = warp / 4 - 1;  // consumer warpgroup 0 or 1
+    const u32 wg = warp / 4 - 1;  // consumer warpgroup 0 .. HP_CONSUMERS - 1
     const u32 cw = warp & 3;      // warp within it: tokens 16 cw .. 16 cw + 15 of a page
     const u32 gid = lane >> 2, tig = lane & 3;
     const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
-    // Each page's MMAs run as two halves of the tile's rows (HR rows, NH
-    // columns each), so one half's relu * weight runs while the other's
-    // MMAs do: a(p) b(p) | epilogue a(p), a(p + 1) | epilogue b(p), b(p + 1) ...
-    // (decode: HR = 1, one half per page; the pages alternate between the
-    // warpgroups instead).
-    constexpr int HALVES = PREFILL ? 2 : 1;
-    constexpr int HR = QR / HALVES;
-    constexpr int NH = HR * HP;
-    constexpr int JH = NH / 8;  // n8 groups of a thread's accumulators per half
-    using Mma = WgmmaFp8Ss<NH>;
-    float d[HALVES][Mma::REGS];
-    float wreg[HALVES][JH][2];
-    // The page a half-MMA reads: its ring stage, page id and the lane's scales.
-    struct Page {
-        u32 stage;
-        i32 pid;
-        float sc_lo, sc_hi;
-    };
-    auto take_page = [&](u32 k) {
-        Page pg;
-        pg.stage = k % STAGES;
-        mbar_wait(full_k(pg.stage), (k / STAGES) & 1);
-        pg.pid = pids[pg.stage];
-        pg.sc_lo = scales[pg.stage * IDX_PAGE_ROWS + t_lo];
-        pg.sc_hi = scales[pg.stage * IDX_PAGE_ROWS + t_lo + 8];
-        return pg;
-    };
+    constexpr int N = QR * HP;
+    constexpr int J = N / 8;  // n8 groups of a thread's accumulators
+    using Mma = WgmmaFp8Ss<N>;
+    float d[Mma::REGS];
+    float wreg[J][2];
     u32 kit = 0, sit = 0;
     hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
@@ -412,107 +375,65 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         u32 n_tile[QR];  // chunk tokens of the tile's rows
 #pragma unroll
         for (int r = 0; r < QR; ++r) n_tile[r] = hp_chunk_tokens(p, row0 + r);
-        // Weights of this lane's columns 8j + 2 tig + e of half h (row h HR + j / (HP / 8)).
+        // Weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)).
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
+        for (int j = 0; j < J; ++j) {
+            const u32 row = row0 + j / (HP / 8), hd = 8 * (j % (HP / 8)) + 2 * tig;
 #pragma unroll
-            for (int j = 0; j < JH; ++j) {
-                const u32 row = row0 + h * HR + j / (HP / 8), hd = 8 * (j % (HP / 8)) + 2 * tig;
-#pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    wreg[h][j][e] = row < p.rows && hd + e < p.heads
-                                        ? __ldg(p.weights + (u64)row * p.heads + hd + e)
-                                        : 0.0f;
-            }
+            for (int e = 0; e < 2; ++e)
+                wreg[j][e] = row < p.rows && hd + e < p.heads
+                                 ? __ldg(p.weights + (u64)row * p.heads + hd + e)
+                                 : 0.0f;
         }
         const u32 qs = sit & 1;
         mbar_wait(full_q(qs), (sit >> 1) & 1);
         const u32 q_tile = base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM;
-
-        auto issue = [&](auto hc, const Page& pg) {
-            constexpr int H = decltype(hc)::value;
+        for (u32 page = pb; page < pe; ++page, ++kit) {
+            // decode: pages round-robin over the warpgroups; prefill: all on every page
+            if (!PREFILL && kit % HP_CONSUMERS != wg) continue;
+            const u32 st = kit % STAGES;
+            mbar_wait(full_k(st), (kit / STAGES) & 1);
+            const i32 pid = pids[st];
+            const float sc_lo = scales[st * IDX_PAGE_ROWS + t_lo];
+            const float sc_hi = scales[st * IDX_PAGE_ROWS + t_lo + 8];
             hp_wgmma_fence();
-            const u32 a = base + L::K + pg.stage * HP_PAGE_K_BYTES;
-            const u32 b = q_tile + H * NH * IDX_HEAD_DIM;
-            Mma::mma_first(d[H], hp_desc(a), hp_desc(b));
+            const u32 a = base + L::K + st * HP_PAGE_K_BYTES;
+            Mma::mma_first(d, hp_desc(a), hp_desc(q_tile));
 #pragma unroll
-            for (int s = 1; s < 4; ++s) Mma::mma(d[H], hp_desc(a + 32 * s), hp_desc(b + 32 * s));
+            for (int s = 1; s < 4; ++s) Mma::mma(d, hp_desc(a + 32 * s), hp_desc(q_tile + 32 * s));
             hp_wgmma_commit();
-        };
-        // relu * weight over each row's heads, times the token's scale.
-        auto epilogue = [&](auto hc, u32 page, const Page& pg) {
-            constexpr int H = decltype(hc)::value;
-            Mma::fence_operands(d[H]);
-            float lo[HR], hi[HR];
+            hp_wgmma_wait<0>();
+            Mma::fence_operands(d);
+            mbar_arrive(empty_k(st));
+
+            // relu * weight over each row's heads, times the token's scale.
+            float lo[QR], hi[QR];
 #pragma unroll
-            for (int r = 0; r < HR; ++r) lo[r] = hi[r] = 0.0f;
+            for (int r = 0; r < QR; ++r) lo[r] = hi[r] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < JH; ++j) {
+            for (int j = 0; j < J; ++j) {
                 const int r = j / (HP / 8);
-                lo[r] = fmaf(relu_nan(d[H][4 * j]), wreg[H][j][0], lo[r]);
-                lo[r] = fmaf(relu_nan(d[H][4 * j + 1]), wreg[H][j][1], lo[r]);
-                hi[r] = fmaf(relu_nan(d[H][4 * j + 2]), wreg[H][j][0], hi[r]);
-                hi[r] = fmaf(relu_nan(d[H][4 * j + 3]), wreg[H][j][1], hi[r]);
+                lo[r] = fmaf(relu_nan(d[4 * j]), wreg[j][0], lo[r]);
+                lo[r] = fmaf(relu_nan(d[4 * j + 1]), wreg[j][1], lo[r]);
+                hi[r] = fmaf(relu_nan(d[4 * j + 2]), wreg[j][0], hi[r]);
+                hi[r] = fmaf(relu_nan(d[4 * j + 3]), wreg[j][1], hi[r]);
             }
 #pragma unroll
-            for (int r = 0; r < HR; ++r) {
+            for (int r = 0; r < QR; ++r) {
                 lo[r] = quad_sum(lo[r]);
                 hi[r] = quad_sum(hi[r]);
             }
             const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
-            // 2 HR values per quad [lo0, hi0, lo1, ...]: lane tig stores v = tig (mod 4).
+            // 2 QR values per quad [lo0, hi0, lo1, ...]: lane tig stores v = tig (mod 4).
 #pragma unroll
-            for (int v = 0; v < 2 * HR; ++v) {
+            for (int v = 0; v < 2 * QR; ++v) {
                 if ((v & 3) != (int)tig) continue;
-                const int r = v / 2, rr = H * HR + r;
+                const int r = v / 2;
                 const u32 t = tok0 + t_lo + 8 * (v & 1);
-                if (t < n_tile[rr]) {
-                    const float val = (v & 1) ? hi[r] * pg.sc_hi : lo[r] * pg.sc_lo;
-                    p.logits[(u64)(row0 + rr) * p.logits_row_stride + t] =
-                        pg.pid >= 0 ? val : skip;
+                if (t < n_tile[r]) {
+                    const float val = (v & 1) ? hi[r] * sc_hi : lo[r] * sc_lo;
+                    p.logits[(u64)(row0 + r) * p.logits_row_stride + t] = pid >= 0 ? val : skip;
                 }
-            }
-        };
-
-        if constexpr (PREFILL) {
-            // Windows of two pages, pipelined inside (a window ends with no
-            // MMA in flight: a group pending over the loop's back edge makes
-            // ptxas wait on it there, C7517):
-            //   a(p) b(p) | ep a(p), a(q) | ep b(p), b(q) | ep a(q) | ep b(q)
-            for (u32 page = pb; page < pe; page += 2, kit += 2) {
-                const bool pair = page + 1 < pe;
-                const Page p0 = take_page(kit);
-                issue(Int<0>{}, p0);
-                issue(Int<1>{}, p0);
-                hp_wgmma_wait<1>();  // a(p)
-                epilogue(Int<0>{}, page, p0);
-                if (pair) {
-                    const Page p1 = take_page(kit + 1);
-                    issue(Int<0>{}, p1);
-                    hp_wgmma_wait<1>();  // b(p)
-                    mbar_arrive(empty_k(p0.stage));
-                    epilogue(Int<1>{}, page, p0);
-                    issue(Int<1>{}, p1);
-                    hp_wgmma_wait<1>();  // a(q)
-                    epilogue(Int<0>{}, page + 1, p1);
-                    hp_wgmma_wait<0>();  // b(q)
-                    mbar_arrive(empty_k(p1.stage));
-                    epilogue(Int<1>{}, page + 1, p1);
-                } else {
-                    hp_wgmma_wait<0>();
-                    mbar_arrive(empty_k(p0.stage));
-                    epilogue(Int<1>{}, page, p0);
-                    kit -= 1;  // one page in this window
-                }
-            }
-        } else {
-            for (u32 page = pb; page < pe; ++page, ++kit) {
-                if ((kit & 1) != wg) continue;  // the other warpgroup's page
-                const Page pg = take_page(kit);
-                issue(Int<0>{}, pg);
-                hp_wgmma_wait<0>();
-                mbar_arrive(empty_k(pg.stage));
-                epilogue(Int<0>{}, page, pg);
             }
         }
         mbar_arrive(empty_q(qs));
@@ -527,7 +448,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     }                                                                                      \
     B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
         b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {   \
-        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / 2, HP_PREFILL_UNIT,             \
+        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_CONSUMERS, HP_PREFILL_UNIT,  \
                  HP_PREFILL_STAGES>(hp);                                                   \
     }
 

@@ -131,6 +131,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const u32 rank = cluster_rank(), ranks = cluster_size();
     const u32 row = blockIdx.y;
     const u32 K = p.topk;
+    pdl_wait();  // launched as the scorer's dependent: its logits are complete past here
     const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
     const u32 first = (rank * SEL_THREADS + tid) * PER;  // this thread's first position
     const float* lrow = p.logits + (u64)row * p.logits_row_stride;

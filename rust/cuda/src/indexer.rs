@@ -45,8 +45,8 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 /// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
-/// two consumer warpgroups per CTA, K rings of these depths.
-const HOPPER_THREADS: u32 = 384;
+/// four consumer warpgroups per CTA, K rings of these depths.
+const HOPPER_THREADS: u32 = 640;
 const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
 
@@ -433,7 +433,7 @@ pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let k = stages * PAGE_SIZE * HEAD_DIM;
     let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
     let barriers = (2 * stages + 4) * 8;
-    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;  // the prefix, the warps' sums
     k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
 }
 
@@ -505,12 +505,12 @@ impl LaunchRecipe {
             ScorerGrid::DecodeRows { block, shared_bytes } => {
                 let ppc = decode_pages_per_cta(rows, supertile, sms);
                 let grid = (rows, chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes, cluster: 1 })
+                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes, cluster: 1, dependent: false })
             }
             ScorerGrid::WgmmaPrefill { shared_bytes } => {
                 let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
                 let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes, cluster: 1 })
+                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes, cluster: 1, dependent: false })
             }
             ScorerGrid::PrefillTiles => {
                 let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
@@ -521,12 +521,13 @@ impl LaunchRecipe {
                         block: (PREFILL_THREADS, 1, 1),
                         shared_bytes: 0,
                         cluster: 1,
+                        dependent: false,
                     },
                 )
             }
             ScorerGrid::Tma { shared_bytes, .. } => {
                 let grid = (sms, 1, 1);
-                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes, cluster: 1 })
+                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes, cluster: 1, dependent: false })
             }
         }
     }
@@ -743,6 +744,9 @@ pub unsafe fn launch_indexer(
                 block: (SELECT_THREADS, 1, 1),
                 shared_bytes: 0,
                 cluster,
+                // starts while the scorer drains (the scorer signals at its
+                // start; the selection waits for its logits in griddepcontrol.wait)
+                dependent: true,
             };
             let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
             // SAFETY: SelectParams mirrors the kernel's struct; the one chunk's
@@ -759,6 +763,7 @@ pub unsafe fn launch_indexer(
                 block: (TOPK_THREADS, 1, 1),
                 shared_bytes: stage.shared_bytes,
                 cluster: 1,
+                dependent: false,
             };
             let mut targs = [std::ptr::addr_of_mut!(tp) as *mut c_void];
             // SAFETY: as above, TopkParams mirrors the kernels' struct.

@@ -23,11 +23,22 @@ pub struct LaunchConfig {
     /// CTAs per thread block cluster along x (sm_90+; 1: no cluster). The
     /// grid's x extent is a multiple of it.
     pub cluster: u32,
+    /// Programmatic dependent launch (sm_90+): the kernel may start while
+    /// the previous kernel of the stream is still running, once that one
+    /// signals `griddepcontrol.launch_dependents` (or ends); it must wait in
+    /// `griddepcontrol.wait` before reading what that kernel writes.
+    pub dependent: bool,
 }
 
 impl LaunchConfig {
     pub const fn linear(grid: u32, block: u32) -> Self {
-        LaunchConfig { grid: (grid, 1, 1), block: (block, 1, 1), shared_bytes: 0, cluster: 1 }
+        LaunchConfig {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes: 0,
+            cluster: 1,
+            dependent: false,
+        }
     }
 }
 
@@ -70,15 +81,25 @@ pub unsafe fn launch(
         });
     }
     let f = modules.function(kernel);
-    if config.cluster > 1 {
+    if config.cluster > 1 || config.dependent {
         debug_assert!(config.grid.0 % config.cluster == 0);
         return with_context(modules.context, || {
-            // SAFETY: the value union is read by the driver as clusterDim, the
-            // member its attribute id names; the rest as below.
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim =
-                sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: config.cluster, y: 1, z: 1 };
+            // SAFETY: each value union is read by the driver as the member its
+            // attribute id names (clusterDim, programmaticStreamSerializationAllowed).
+            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+            let mut count = 0;
+            if config.cluster > 1 {
+                attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[count].value.clusterDim =
+                    sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: config.cluster, y: 1, z: 1 };
+                count += 1;
+            }
+            if config.dependent {
+                attrs[count].id =
+                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[count].value.programmaticStreamSerializationAllowed = 1;
+                count += 1;
+            }
             let cfg = sys::CUlaunchConfig {
                 gridDimX: config.grid.0,
                 gridDimY: config.grid.1,
@@ -88,8 +109,8 @@ pub unsafe fn launch(
                 blockDimZ: config.block.2,
                 sharedMemBytes: config.shared_bytes,
                 hStream: stream as sys::CUstream,
-                attrs: &mut attr,
-                numAttrs: 1,
+                attrs: attrs.as_mut_ptr(),
+                numAttrs: count as u32,
             };
             // SAFETY: forwarded from this function's contract.
             unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
