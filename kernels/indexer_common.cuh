@@ -146,16 +146,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Adds 1 to bin `bin` of the shared histogram `h` for every lane with
-// `active`; every lane of the warp calls it together. A row's logits share few
-// leading digits, so a warp's keys pile into a few bins: one atomic per
-// distinct bin (the group's lowest lane adds its count) instead of up to 32
-// that the shared-memory atomic unit would serialize.
-__device__ __forceinline__ void warp_hist_add(u32* h, u32 bin, bool active) {
-    const u32 peers = __match_any_sync(0xffffffffu, active ? bin : 0xffffffffu);
-    if (active && (threadIdx.x & 31) == (u32)(__ffs(peers) - 1)) atomicAdd(&h[bin], __popc(peers));
-}
-
 // Inclusive sum of `x` over lanes 0..lane of the warp.
 __device__ __forceinline__ u32 warp_inclusive_sum(u32 x) {
     const u32 lane = threadIdx.x & 31;

@@ -198,7 +198,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         u32* h = hist[level & 1];
 #pragma unroll
         for (int i = 0; i < PER; ++i)
-            warp_hist_add(h, (key[i] >> shift) & (bins - 1), key[i] != 0u && (key[i] & pmask) == prefix);
+            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
         cluster_sync();
         // The cluster's counts, summed from every rank's histogram.
         for (u32 b = tid; b < bins; b += SEL_THREADS) {

@@ -440,13 +440,13 @@ __constant__ u32 kLevelWidth[6] = {12, 12, 8, 12, 12, 8};
 // The k best candidates of src to sink slots [0, k) when there are more
 // than k, else all of them; then padding up to pad_to.
 // The first digit (top 12 bits of the value key) over the whole source, in
-// 32-bit arithmetic: one shared atomic per distinct digit of a warp.
+// 32-bit arithmetic: one shared atomic per candidate.
 template <class Src>
 __device__ __forceinline__ void count_top_digit(const Src& src, TopkSmem& sm) {
     for (u32 b = threadIdx.x; b < TOPK_MAX_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
     __syncthreads();
     for_each_cand(src, [&](bool ok, float v, u32) {
-        warp_hist_add(sm.hist, value_key(v) >> 20, ok);
+        if (ok) atomicAdd(&sm.hist[value_key(v) >> 20], 1u);
     });
     __syncthreads();
 }
@@ -612,7 +612,7 @@ __device__ void select_topk_window(const Src& src, u32 k, u32 pad_to, const Sink
     const u32 span = WIN_BINS << WIN_SHIFT;
     each_cand<kRolled>(src, [&](bool ok, float v, u32) {
         const u32 d = hi - value_key(v);
-        warp_hist_add(sm.hist, WIN_BINS - 1 - (min(d, span - 1) >> WIN_SHIFT), ok && d < span);
+        if (ok && d < span) atomicAdd(&sm.hist[WIN_BINS - 1 - (d >> WIN_SHIFT)], 1u);
     });
     __syncthreads();
     find_bin(sm, WIN_BINS, k);
@@ -879,7 +879,7 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
             else
                 st16[i] = (u16)code;
         }
-        warp_hist_add(sm.hist, code >> 4, (code >> 4) != 0);
+        if ((code >> 4) != 0) atomicAdd(&sm.hist[code >> 4], 1u);
     }
     const u32 ng = src.n_groups();
     for (u32 base = 0; base < ng; base += TOPK_THREADS * U) {
@@ -919,7 +919,7 @@ __device__ __forceinline__ void staged_load(const Src& src, const StagedLayout& 
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                warp_hist_add(sm.hist, c[j] >> 4, (c[j] >> 4) != 0);
+                if ((c[j] >> 4) != 0) atomicAdd(&sm.hist[c[j] >> 4], 1u);
         }
     }
     __syncthreads();
