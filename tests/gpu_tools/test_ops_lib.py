@@ -7,6 +7,7 @@ that does not load into torch is removed again.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ import vllm_ops_lib  # noqa: E402
 
 
 @pytest.mark.parametrize(
-    "sizes, lengths", [((1,), [2**20, 2**20 // 2]), ((1, 1), [2**20, 2**20 // 2]), ((4,), [3 * 2**19])]
+    "sizes, lengths",
+    [((1,), [2**20, 2**20 // 2]), ((1, 1), [2**20, 2**20 // 2]), ((4,), [3 * 2**19])],
 )
 def test_split_cuts_parts_of_the_given_sizes_and_the_rest_last(sizes, lengths):
     data = bytes(range(256)) * (3 * 2**19 // 256)
@@ -35,7 +37,7 @@ def packed(tmp_path, monkeypatch):
     lib = venv / "lib/python3.12/site-packages/vllm" / vllm_ops_lib.LIBRARY
     lib.parent.mkdir(parents=True)
     # incompressible, so that it really spans two parts of 1 MiB
-    lib.write_bytes(__import__("os").urandom(3 * 2**20 // 2))
+    lib.write_bytes(os.urandom(3 * 2**20 // 2))
     out = tmp_path / "ops"
     monkeypatch.setattr(vllm_ops_lib, "OPS_DIR", out)
     monkeypatch.setattr(vllm_ops_lib, "MANIFEST", out / "vllm_ops.json")

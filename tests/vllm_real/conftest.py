@@ -54,9 +54,7 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_report_header(config):
     if _on_cuda_platform():
-        left = sorted(
-            p.name for p in HERE.glob("test_*.py") if not p.name.startswith(GPU_FILES)
-        )
+        left = sorted(p.name for p in HERE.glob("test_*.py") if not p.name.startswith(GPU_FILES))
         return [f"vLLM's CUDA platform: the {GPU_FILES}* files run; {len(left)} CPU-platform "
                 f"files left out ({', '.join(left)})"]  # fmt: skip
     return None

@@ -1,6 +1,6 @@
 """One eager indexer call per benchmark case, for ncu: every kernel of the call runs once.
 
-    ncu --clock-control none --kernel-name regex:b12x_indexer python3 tools/gpu/indexer_profile.py [case ...]
+ncu --clock-control none --kernel-name regex:b12x_indexer python3 tools/gpu/indexer_profile.py [case ...]
 """
 
 from __future__ import annotations

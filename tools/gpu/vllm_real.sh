@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # vLLM's own code driving b12x on a GPU: tests/vllm_real on vLLM's CUDA platform.
 #   tools/gpu/vllm_real.sh [WHEEL]
-# Build the bundles here first (tools/gpu/README.md): deepgemm_peer.py pack, vllm_bundle.py build.
-# With VLLM_TARGET_DEVICE=cuda the test_gpu_* files run and the CPU-platform files skip
+# Build the bundles here first (tools/gpu/README.md): deepgemm_peer.py pack, vllm_bundle.py build,
+# vllm_ops_lib.py pack. With VLLM_TARGET_DEVICE=cuda the test_gpu_* files run and the
+# CPU-platform files are not collected
 # (tests/vllm_real/conftest.py says why); vllm_ops_record lists the vLLM ops that ran.
 # PYTEST_ARGS: more pytest arguments (e.g. -k graphs, or -x).
 source "$(dirname "$0")/common.sh" "$@"

@@ -433,7 +433,7 @@ pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let k = stages * PAGE_SIZE * HEAD_DIM;
     let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
     let barriers = (2 * stages + 4) * 8;
-    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;  // the prefix, the warps' sums
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4; // the prefix, the warps' sums
     k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
 }
 
@@ -505,12 +505,30 @@ impl LaunchRecipe {
             ScorerGrid::DecodeRows { block, shared_bytes } => {
                 let ppc = decode_pages_per_cta(rows, supertile, sms);
                 let grid = (rows, chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (block, 1, 1), shared_bytes, cluster: 1, dependent: false })
+                (
+                    ppc,
+                    LaunchConfig {
+                        grid,
+                        block: (block, 1, 1),
+                        shared_bytes,
+                        cluster: 1,
+                        dependent: false,
+                    },
+                )
             }
             ScorerGrid::WgmmaPrefill { shared_bytes } => {
                 let ppc = wgmma_prefill_pages_per_cta(rows, supertile, sms);
                 let grid = (rows.div_ceil(WGMMA_PREFILL_ROWS), chunk_pages.div_ceil(ppc), 1);
-                (ppc, LaunchConfig { grid, block: (WGMMA_THREADS, 1, 1), shared_bytes, cluster: 1, dependent: false })
+                (
+                    ppc,
+                    LaunchConfig {
+                        grid,
+                        block: (WGMMA_THREADS, 1, 1),
+                        shared_bytes,
+                        cluster: 1,
+                        dependent: false,
+                    },
+                )
             }
             ScorerGrid::PrefillTiles => {
                 let grid = (supertile / PREFILL_TOKENS, rows.div_ceil(PREFILL_ROWS), 1);
@@ -527,7 +545,16 @@ impl LaunchRecipe {
             }
             ScorerGrid::Tma { shared_bytes, .. } => {
                 let grid = (sms, 1, 1);
-                (0, LaunchConfig { grid, block: (HOPPER_THREADS, 1, 1), shared_bytes, cluster: 1, dependent: false })
+                (
+                    0,
+                    LaunchConfig {
+                        grid,
+                        block: (HOPPER_THREADS, 1, 1),
+                        shared_bytes,
+                        cluster: 1,
+                        dependent: false,
+                    },
+                )
             }
         }
     }
@@ -687,8 +714,12 @@ pub unsafe fn launch_indexer(
         pages,
         pad: 0,
     };
-    let mut hopper =
-        maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams { k_map, scale_map, q_map, s: score });
+    let mut hopper = maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams {
+        k_map,
+        scale_map,
+        q_map,
+        s: score,
+    });
     let mut score = score;
     let fold = if a.rows <= recipe.multiprocessors { recipe.fold_few } else { recipe.fold_many };
     // The two-stage kernels run the general paths only (no stage): the staged

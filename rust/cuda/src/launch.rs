@@ -90,8 +90,11 @@ pub unsafe fn launch(
             let mut count = 0;
             if config.cluster > 1 {
                 attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                attrs[count].value.clusterDim =
-                    sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: config.cluster, y: 1, z: 1 };
+                attrs[count].value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+                    x: config.cluster,
+                    y: 1,
+                    z: 1,
+                };
                 count += 1;
             }
             if config.dependent {
