@@ -91,34 +91,6 @@ __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     return old;
 }
 
-// Exclusive scan of one value per thread over the CTA (every thread calls it;
-// `sums` holds SEL_WARPS words); `total` gets the sum.
-__device__ __forceinline__ u32 sel_exclusive_scan(u32 v, u32* sums, u32& total) {
-    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    u32 x = v;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        const u32 y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        u32 s = sums[lane];
-#pragma unroll
-        for (u32 o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, s, o);
-            if (lane >= o) s += y;
-        }
-        sums[lane] = s;
-    }
-    __syncthreads();
-    total = sums[SEL_WARPS - 1];
-    const u32 before = warp == 0 ? 0u : sums[warp - 1];
-    __syncthreads();  // sums is reused by the next scan
-    return before + x - v;
-}
-
 template <int PER>
 __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
@@ -163,12 +135,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     // (one atomic per warp).
     auto emit = [&](u32 m) {
         const u32 mine = __popc(m);
-        u32 incl = mine;
-#pragma unroll
-        for (u32 o = 1; o < 32; o <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
+        const u32 incl = warp_inclusive_sum(mine);
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
         u32 base = 0;
         if (warp_total != 0) {
@@ -215,7 +182,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         u32 mine = 0;
         for (u32 j = 0; j < per_bins; ++j) mine += total_hist[top - j];
         u32 all;
-        u32 above = sel_exclusive_scan(mine, sums, all);
+        u32 above = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
         if (level == 0) {
             total = all;
             need = min(K, total);
@@ -267,7 +234,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
 #pragma unroll
         for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
         u32 all;
-        const u32 ahead = sel_exclusive_scan(mine, sums, all);
+        const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
         u32 seen = ahead, m = 0;
 #pragma unroll
         for (int i = 0; i < PER; ++i) {

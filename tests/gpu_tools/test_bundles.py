@@ -26,6 +26,12 @@ import vllm_bundle  # noqa: E402
 import vllm_ops_lib  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def no_carried_ops_library(tmp_path, monkeypatch):
+    """The ops library's parts this checkout may hold are not the test's."""
+    monkeypatch.setattr(vllm_ops_lib, "OPS_DIR", tmp_path / "no-ops-parts")
+
+
 def write(root: Path, files: dict[str, bytes | str]) -> None:
     for rel, body in files.items():
         path = root / rel
@@ -216,12 +222,6 @@ def test_pip_fetches_cp312_wheels_for_every_glibc_the_host_runs():
     assert cmd[cmd.index("--python-version") + 1] == "3.12"
     assert cmd[cmd.index("--dest") + 1] == "/w" and cmd[-2:] == ["a==1", "b==2"]
     assert "manylinux_2_29_x86_64" not in cmd and "manylinux_2_28_x86_64" in cmd
-
-
-@pytest.fixture(autouse=True)
-def no_carried_ops_library(tmp_path, monkeypatch):
-    """The ops library's parts this checkout may hold are not the test's."""
-    monkeypatch.setattr(vllm_ops_lib, "OPS_DIR", tmp_path / "no-ops-parts")
 
 
 def bundle_in(tmp_path, monkeypatch, module):

@@ -36,7 +36,8 @@ def test_the_indexer_half_runs_or_says_why_not():
     result = small_run()
     indexer = [r for r in result.results if r["case"].startswith("indexer_run")]
     if torch.cuda.is_available():
-        assert {r["arm"] for r in indexer} == {"b12x_run", "bare_launches_empty_kernel"}
+        arms = {"b12x_run", "b12x_bind_and_run", "bare_launches_empty_kernel"}
+        assert {r["arm"] for r in indexer} == arms
         assert len({r["launches_per_call"] for r in indexer}) == 1  # the same number of launches
     else:
         assert indexer == []

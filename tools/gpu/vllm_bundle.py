@@ -297,8 +297,9 @@ def cmd_install(args: argparse.Namespace) -> int:
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
            "--upgrade", "--target", str(site), *map(str, wheels)]  # fmt: skip
     if args.dry_run:
-        print(f"vllm_bundle: would unpack {archive} into {site}, write stand-ins "
-              f"{', '.join(STAND_INS)}, and run: {' '.join(pip)}")  # fmt: skip
+        print(f"vllm_bundle: would unpack {archive} into {site}, join {OPS_LIBRARY}'s parts, "
+              f"write the stand-ins of {', '.join(STAND_INS)} that did not travel, "
+              f"and run: {' '.join(pip)}")  # fmt: skip
         return 0
 
     def install_wheels() -> None:

@@ -11,7 +11,8 @@ Two halves, each skipped with its reason where this machine cannot run it:
   into a slot that takes every call and only allocates the output (what both
   real slots also do), so ``arm - floor`` is that slot's own host time.
 * **indexer** (needs a CUDA GPU): ``run(binding)`` of a decode plan against as
-  many bare ``cuLaunchKernel``\\ s of an empty kernel as that run makes.
+  many bare ``cuLaunchKernel``\\ s of an empty kernel as that run makes, and
+  ``bind`` + ``run`` (what the vLLM adapter does per call) beside them.
 
 Targets (DESIGN.md §5): the b12x all-reduce slot's own share at most 1.5 us
 per call and below vLLM's; the indexer run at most 1.2x its launch floor.
@@ -252,8 +253,7 @@ def _indexer(result: BenchResult, args: argparse.Namespace) -> str | None:
     )
     plan = di.plan(caps)
     pages = width + 8
-    binding = di.bind(
-        plan,
+    operands = dict(
         scratch=torch.empty(plan.nbytes, dtype=torch.uint8, device=device),
         q_fp8=torch.zeros((rows, heads, di.INDEX_HEAD_DIM), device=device).to(torch.float8_e4m3fn),
         query_weights=torch.zeros((rows, heads), dtype=torch.float32, device=device),
@@ -264,6 +264,7 @@ def _indexer(result: BenchResult, args: argparse.Namespace) -> str | None:
         active_width=torch.full((1,), width * 64, dtype=torch.int32, device=device),
         output_indices=torch.empty((rows, topk), dtype=torch.int32, device=device),
     )
+    binding = di.bind(plan, **operands)
     before = _core._launch_count()
     di.run(binding)
     launches = _core._launch_count() - before
@@ -275,6 +276,11 @@ def _indexer(result: BenchResult, args: argparse.Namespace) -> str | None:
     case = f"indexer_run_decode_r{rows}_L{width * 64}"
     run = di.run
     result.add(case, "b12x_run", _sampled_us(lambda: run(binding), number, repeats, sync),
+               launches_per_call=launches)  # fmt: skip
+    # what the vLLM adapter does per call: bind (views, checks, tensor maps), then run
+    bind = di.bind
+    result.add(case, "b12x_bind_and_run",
+               _sampled_us(lambda: run(bind(plan, **operands)), number, repeats, sync),
                launches_per_call=launches)  # fmt: skip
     result.add(
         case,

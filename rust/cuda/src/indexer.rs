@@ -628,6 +628,9 @@ pub struct BoundMaps {
 }
 
 impl BoundMaps {
+    /// No maps: what a binding without a launch recipe (a CPU plan) holds.
+    pub const NONE: BoundMaps = BoundMaps { hopper: None };
+
     /// The maps `recipe`'s scorer reads for binding `b` (none for the other scorers).
     pub fn encode(b: &Binding, recipe: &LaunchRecipe) -> Result<Self> {
         let hopper = match recipe.grid {

@@ -81,68 +81,75 @@ pub unsafe fn launch(
         });
     }
     let f = modules.function(kernel);
-    if config.cluster > 1 || config.dependent {
-        debug_assert!(config.grid.0 % config.cluster == 0);
-        return with_context(modules.context, || {
-            // SAFETY: each value union is read by the driver as the member its
-            // attribute id names (clusterDim, programmaticStreamSerializationAllowed).
-            let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-            let mut count = 0;
-            if config.cluster > 1 {
-                attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                attrs[count].value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-                    x: config.cluster,
-                    y: 1,
-                    z: 1,
-                };
-                count += 1;
-            }
-            if config.dependent {
-                attrs[count].id =
-                    sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attrs[count].value.programmaticStreamSerializationAllowed = 1;
-                count += 1;
-            }
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: config.grid.0,
-                gridDimY: config.grid.1,
-                gridDimZ: config.grid.2,
-                blockDimX: config.block.0,
-                blockDimY: config.block.1,
-                blockDimZ: config.block.2,
-                sharedMemBytes: config.shared_bytes,
-                hStream: stream as sys::CUstream,
-                attrs: attrs.as_mut_ptr(),
-                numAttrs: count as u32,
-            };
-            // SAFETY: forwarded from this function's contract.
-            unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
-                .result()
-                .ctx("cuLaunchKernelEx", || format!("cuda:{ordinal} ({})", kernel.symbol()))?;
-            LAUNCHES.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        });
-    }
     with_context(modules.context, || {
-        // SAFETY: forwarded from this function's contract.
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                config.grid.0,
-                config.grid.1,
-                config.grid.2,
-                config.block.0,
-                config.block.1,
-                config.block.2,
-                config.shared_bytes,
-                stream as sys::CUstream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .ctx("cuLaunchKernel", || format!("cuda:{ordinal} ({})", kernel.symbol()))?;
+        let (api, status) = if config.cluster > 1 || config.dependent {
+            // SAFETY: forwarded from this function's contract.
+            ("cuLaunchKernelEx", unsafe { launch_ex(f, config, stream, params) })
+        } else {
+            // SAFETY: forwarded from this function's contract.
+            let status = unsafe {
+                sys::cuLaunchKernel(
+                    f,
+                    config.grid.0,
+                    config.grid.1,
+                    config.grid.2,
+                    config.block.0,
+                    config.block.1,
+                    config.block.2,
+                    config.shared_bytes,
+                    stream as sys::CUstream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            ("cuLaunchKernel", status)
+        };
+        status.result().ctx(api, || format!("cuda:{ordinal} ({})", kernel.symbol()))?;
         LAUNCHES.fetch_add(1, Ordering::Relaxed);
         Ok(())
     })
+}
+
+/// `cuLaunchKernelEx` with the attributes `config` asks for: a cluster
+/// dimension, programmatic stream serialization.
+///
+/// # Safety
+/// As [`launch`]; the current context is the kernel's.
+unsafe fn launch_ex(
+    f: sys::CUfunction,
+    config: LaunchConfig,
+    stream: u64,
+    params: &mut [*mut c_void],
+) -> sys::CUresult {
+    debug_assert!(config.grid.0 % config.cluster == 0);
+    // SAFETY: each value union is read by the driver as the member its
+    // attribute id names (clusterDim, programmaticStreamSerializationAllowed).
+    let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+    let mut count = 0;
+    if config.cluster > 1 {
+        attrs[count].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attrs[count].value.clusterDim =
+            sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: config.cluster, y: 1, z: 1 };
+        count += 1;
+    }
+    if config.dependent {
+        attrs[count].id =
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[count].value.programmaticStreamSerializationAllowed = 1;
+        count += 1;
+    }
+    let cfg = sys::CUlaunchConfig {
+        gridDimX: config.grid.0,
+        gridDimY: config.grid.1,
+        gridDimZ: config.grid.2,
+        blockDimX: config.block.0,
+        blockDimY: config.block.1,
+        blockDimZ: config.block.2,
+        sharedMemBytes: config.shared_bytes,
+        hStream: stream as sys::CUstream,
+        attrs: attrs.as_mut_ptr(),
+        numAttrs: count as u32,
+    };
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { sys::cuLaunchKernelEx(&cfg, f, params.as_mut_ptr(), std::ptr::null_mut()) }
 }

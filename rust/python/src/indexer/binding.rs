@@ -19,8 +19,8 @@ use crate::tensor::{extract_torch_tensor, is_torch_tensor};
 #[pyclass(name = "Binding", module = "b12x.attention.dsa_indexer", frozen)]
 pub struct PyBinding {
     core: indexer::Binding,
-    /// The CUDA launches' tensor maps, encoded at bind (None on the CPU).
-    maps: Option<BoundMaps>,
+    /// The CUDA launches' tensor maps, encoded at bind (none on the CPU).
+    maps: BoundMaps,
     plan: Py<PyPlan>,
     #[pyo3(get)]
     scratch: Py<PyAny>,
@@ -259,8 +259,8 @@ pub(super) fn indexer_bind(
     };
     let core = bind_objects(plan.get(), &objects)?;
     let maps = match plan.get().recipe.as_ref() {
-        Some(recipe) => Some(BoundMaps::encode(&core, recipe)?),
-        None => None,
+        Some(recipe) => BoundMaps::encode(&core, recipe)?,
+        None => BoundMaps::NONE,
     };
     Ok(PyBinding {
         core,
@@ -338,7 +338,7 @@ pub(super) fn indexer_check(py: Python<'_>, ordinal: Option<u32>) -> PyB12xResul
 /// shapes only.
 fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     let args = b.core.args();
-    let (Some(recipe), Some(maps)) = (b.plan.get().recipe.as_ref(), b.maps.as_ref()) else {
+    let Some(recipe) = b.plan.get().recipe.as_ref() else {
         return Err(CoreError::Device {
             op: "run",
             operand: "binding".into(),
@@ -353,6 +353,6 @@ fn run_cuda(py: Python<'_>, b: &PyBinding) -> PyB12xResult<()> {
     // from a buffer of at least plan.nbytes(); the binding holds the tensors,
     // and the stream is torch's current stream of that device.
     // An empty call enqueues nothing (launch_indexer).
-    unsafe { launch_indexer(&b.core, recipe, maps, stream)? };
+    unsafe { launch_indexer(&b.core, recipe, &b.maps, stream)? };
     Ok(())
 }
