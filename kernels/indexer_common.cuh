@@ -40,8 +40,18 @@ struct ScoreParams {
     u32 chunk_len;            // tokens per chunk (the supertile)
     u32 pages_per_cta;        // pages one CTA scores (decode and wgmma scorers)
     u32 pages;                // pages of the K cache, min(shape[0], 2^31)
-    u32 pad_;
+    u32 zero_words;           // words of `zero` to clear (0: none)
+    u32* zero;                // the grid selection's state (indexer_select.cu), or null
 };
+
+// Clears the state the grid selection launched after this scorer relies on
+// (it reads it only past pdl_wait, once this grid is complete); every CTA
+// clears its share. Call at a decode scorer's start.
+__device__ __forceinline__ void idx_zero_select_state(const ScoreParams& p) {
+    const u32 cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const u32 stride = gridDim.x * gridDim.y * gridDim.z * blockDim.x;
+    for (u32 i = cta * blockDim.x + threadIdx.x; i < p.zero_words; i += stride) p.zero[i] = 0u;
+}
 
 // The status record (one per device, zeroed when the modules load; the host
 // reads and clears it, rust/cuda/src/indexer.rs): [set, row, column, page id,

@@ -329,10 +329,12 @@ __device__ __forceinline__ void decode_score_f16(const ScoreParams& p) {
 #define DECODE_KERNELS(HEADS, NT, MT, GROUP, MINB)                                    \
     B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32, 2)                          \
         b12x_indexer_decode_e4m3_h##HEADS(const ScoreParams p) {                      \
+        idx_zero_select_state(p);                                                     \
         decode_score_e4m3<NT>(p);                                                     \
     }                                                                                 \
     B12X_KERNEL void __launch_bounds__(DECODE_WARPS * 32 * GROUP, MINB)               \
         b12x_indexer_decode_f16_h##HEADS(const ScoreParams p) {                       \
+        idx_zero_select_state(p);                                                     \
         decode_score_f16<MT, GROUP>(p);                                               \
     }
 

@@ -444,6 +444,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 #define HOPPER_KERNELS(HEADS)                                                              \
     B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
         b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {    \
+        idx_zero_select_state(hp.s);                                                       \
         hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES>(hp);                                    \
     }                                                                                      \
     B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \

@@ -44,6 +44,7 @@ struct SelectParams {
     u32 physical;
     u32 pages;  // pages of the K cache, min(shape[0], 2^31)
     u32 pad_;
+    u32* state;  // the grid selection's cross-CTA state, SG_STATE_WORDS per row (zeroed by the scorer)
 };
 
 // Order-preserving key of a candidate's logit, never 0: NaN 1 (below -inf,
@@ -257,3 +258,199 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
 SELECT_KERNEL(4)
 SELECT_KERNEL(8)
 SELECT_KERNEL(16)
+
+// ---------------------------------------------------------------------------
+// Exact top-k of a few long rows by a grid of CTAs per row (sm_90).
+//
+// A cluster holds at most 8 SMs (16 measured slower), and one row's selection
+// on 8 SMs is a chain of CTA barriers over 16 keys per thread: 21 us for
+// 131072 logits on one H200 while 124 SMs idle. Here G CTAs (up to 128) split
+// the row instead and agree on the k-th key by a radix select over four 8-bit
+// digits: each level, every CTA histograms the digit of its keys that match
+// the prefix so far into 256 shared counters, adds them to the row's global
+// histogram of the level, and waits at the row's barrier (one counter, G
+// arrivals a level); then every CTA reads the 256 sums from L2 and finds the
+// same digit. Keys above it are emitted at once (slots from the row's global
+// counter). The scorer before this kernel zeroed the row's state (histograms
+// and counters, in the scratch) and this kernel waits for it in pdl_wait, so
+// nothing persists between calls. All G CTAs of a row must be resident at
+// once: the launcher keeps rows * G <= SMs at one CTA per SM.
+#define SG_BINS 256
+#define SG_LEVELS 4
+#define SG_MAX_PARTS 128
+#define SG_ARRIVE (SG_LEVELS * SG_BINS)  // barrier arrivals
+#define SG_SLOTS (SG_ARRIVE + 1)        // output slots taken
+#define SG_TIES (SG_ARRIVE + 128)       // per-CTA counts of the k-th key
+#define SG_ZERO_WORDS (SG_ARRIVE + 8)   // what the scorer zeroes per row
+#define SG_STATE_WORDS 1280  // rust/core SELECT_STATE_WORDS
+static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
+
+// Waits until `target` arrivals (every CTA of the row, once per barrier so
+// far) at the row's counter; orders this CTA's global writes and atomics
+// before it with every CTA's reads after it (as cooperative groups' grid sync).
+__device__ __forceinline__ void row_barrier(u32* arrive, u32 target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrive, 1u);
+        while (*reinterpret_cast<volatile u32*>(arrive) < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+template <int PER>
+__device__ __forceinline__ void select_grid(const SelectParams& p) {
+    __shared__ u32 hist[SG_BINS];  // this CTA's counts of the level
+    __shared__ u32 sums[SEL_WARPS];
+    __shared__ u32 found[2];  // the level's digit and the count above it
+
+    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
+    const u32 K = p.topk;
+    u32* st = p.state + (u64)row * SG_STATE_WORDS;
+    if (tid < SG_BINS) hist[tid] = 0u;
+    pdl_wait();  // the scorer's logits and its zeroing of `st` are complete past here
+    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
+    const u32 first = (part * SEL_THREADS + tid) * PER;
+    const float* lrow = p.logits + (u64)row * p.logits_row_stride;
+
+    u32 key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i += 4) {
+        const u32 pos = first + i;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
+        const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
+    }
+
+    i32* out_i = p.out_indices + (u64)row * K;
+    float* out_s = p.out_scores ? p.out_scores + (u64)row * K : nullptr;
+    auto mask_of = [&](auto&& sel) {
+        u32 m = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) m |= sel(i) ? 1u << i : 0u;
+        return m;
+    };
+    // Writes the positions of `m` to output slots from the row's counter
+    // (one atomic per warp).
+    auto emit = [&](u32 m) {
+        const u32 mine = __popc(m);
+        const u32 incl = warp_inclusive_sum(mine);
+        const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
+        if (warp_total == 0) return;
+        u32 base = 0;
+        if (lane == 31) base = atomicAdd(&st[SG_SLOTS], warp_total);
+        base = __shfl_sync(0xffffffffu, base, 31);
+        u32 slot = base + incl - mine;
+        for (; m != 0; m &= m - 1, ++slot) {
+            const u32 pos = first + (__ffs(m) - 1);
+            i32 idx = (i32)pos;
+            if (p.physical) {
+                const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
+                idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
+            }
+            out_i[slot] = idx;
+            if (out_s) out_s[slot] = lrow[pos];
+        }
+    };
+
+    u32 prefix = 0, pmask = 0, need = K, total = 0, count = 0;
+    int level = 0;
+    for (; level < SG_LEVELS; ++level) {
+        const int shift = 24 - 8 * level;
+        __syncthreads();  // `hist` zeroed (and `found` read) by every thread
+#pragma unroll
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&hist[(key[i] >> shift) & 255u], 1u);
+        __syncthreads();
+        if (tid < SG_BINS && hist[tid] != 0u) atomicAdd(&st[level * SG_BINS + tid], hist[tid]);
+        row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
+        // The row's counts, bins descending over threads 0..255: the k-th
+        // key's digit is where the count from the top reaches `need`.
+        const u32 bin = SG_BINS - 1 - tid;
+        const u32 c = tid < SG_BINS ? __ldcg(&st[level * SG_BINS + bin]) : 0u;
+        const u32 incl = warp_inclusive_sum(c);
+        if (lane == 31 && warp < SG_BINS / 32) sums[warp] = incl;
+        __syncthreads();
+        u32 before = 0, all = 0;
+#pragma unroll
+        for (u32 w = 0; w < SG_BINS / 32; ++w) {
+            before += w < warp ? sums[w] : 0u;
+            all += sums[w];
+        }
+        if (level == 0) {
+            total = all;
+            need = min(K, total);
+        }
+        if (need == 0 || (level == 0 && total <= K)) break;  // uniform over the row
+        const u32 above = before + incl - c;
+        if (tid < SG_BINS && above < need && above + c >= need) {
+            found[0] = bin;
+            found[1] = above;
+        }
+        __syncthreads();
+        const u32 digit = found[0], count_above = found[1];
+        if (level == SG_LEVELS - 1) count = hist[digit];  // this CTA's keys equal to the k-th
+        const u32 want = prefix, wmask = pmask;
+        emit(mask_of([&](int i) {
+            return key[i] != 0u && (key[i] & wmask) == want && ((key[i] >> shift) & 255u) > digit;
+        }));
+        need -= count_above;
+        prefix |= digit << shift;
+        pmask |= 255u << shift;
+        if (tid < SG_BINS) hist[tid] = 0u;  // read above, before the barrier at the loop's top
+    }
+
+    if (total <= K) {
+        // Every candidate, then the padding.
+        emit(mask_of([&](int i) { return key[i] != 0u; }));
+        for (u32 s = total + part * SEL_THREADS + tid; s < K; s += parts * SEL_THREADS) {
+            out_i[s] = -1;
+            if (out_s) out_s[s] = b12x_neg_inf();
+        }
+        return;
+    }
+    // `prefix` is the k-th key; `need` of the keys equal to it go in. When
+    // that is all of them, every CTA takes its own; otherwise the lowest
+    // indices: CTAs hold ascending ranges, so each learns how many the lower
+    // ones hold (one more barrier).
+    const u32 ties = __ldcg(&st[(SG_LEVELS - 1) * SG_BINS + (prefix & 255u)]);
+    u32 take = count;
+    if (need < ties) {
+        if (tid == 0) st[SG_TIES + part] = count;
+        row_barrier(&st[SG_ARRIVE], (SG_LEVELS + 1) * parts);
+        const u32 lower = tid < part ? __ldcg(&st[SG_TIES + tid]) : 0u;
+        u32 all_lower;
+        const u32 x = lower;  // threads 0..part-1 hold the lower CTAs' counts
+        (void)block_exclusive_sum<SEL_THREADS>(x, sums, all_lower);
+        take = need > all_lower ? min(need - all_lower, count) : 0u;
+    }
+    u32 mine = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
+    u32 all;
+    const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
+    u32 seen = ahead, m = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) {
+        if (key[i] == prefix) {
+            m |= seen < take ? 1u << i : 0u;
+            ++seen;
+        }
+    }
+    emit(m);
+}
+
+#define GRID_SELECT_KERNEL(PER)                                                         \
+    B12X_KERNEL void __launch_bounds__(SEL_THREADS, 1)                                  \
+        b12x_indexer_gselect_p##PER(const SelectParams p) {                             \
+        select_grid<PER>(p);                                                            \
+    }
+
+GRID_SELECT_KERNEL(4)
+GRID_SELECT_KERNEL(8)
+GRID_SELECT_KERNEL(16)

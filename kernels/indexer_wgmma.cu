@@ -427,6 +427,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
 #define WGMMA_KERNELS(HEADS)                                                        \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
         b12x_indexer_wgmma_decode_h##HEADS(const ScoreParams p) {                   \
+        idx_zero_select_state(p);                                                   \
         wg_score<HEADS, 1, 1, WG_DECODE_WINDOW, false>(p);                          \
     }                                                                               \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \
@@ -435,6 +436,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     }                                                                               \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, 4)                               \
         b12x_indexer_wgmma_fp8_decode_h##HEADS(const ScoreParams p) {               \
+        idx_zero_select_state(p);                                                   \
         wg_score<HEADS, 1, 1, WG_DECODE_WINDOW, true>(p);                           \
     }                                                                               \
     B12X_KERNEL void __launch_bounds__(WG_THREADS, WG_PREFILL_MIN_CTAS)             \

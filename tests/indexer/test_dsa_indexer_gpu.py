@@ -229,10 +229,13 @@ def test_negative_weights_and_nan_logits(supertile):
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
 
 
-def test_one_chunk_selection_edge_cases():
+# 600 pages: a cluster of 8 CTAs per row; 2048 pages (131072 logits) and at
+# most 4 rows: the widest cluster the launcher picks.
+@pytest.mark.parametrize("width", [600, 2048])
+def test_one_chunk_selection_edge_cases(width):
     # the one-chunk selection (a cluster per row on sm_90): NaN logits selected
     # when the numbers run out, +-0 ties, every logit equal across a long row
-    rows, width = 4, 600
+    rows = 4
     lengths = [600, width * PAGE, width * PAGE - 5, 0]
     inputs = make_case(rows, 16, width, lengths, seed=47)
     inputs["query_weights"].copy_(-inputs["query_weights"].abs())  # logits <= 0

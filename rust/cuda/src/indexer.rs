@@ -13,7 +13,8 @@ use std::ffi::c_void;
 
 use b12x_core::indexer::{
     Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages, HEAD_DIM, MAX_HEADS,
-    PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK,
+    PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET, SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM,
+    SUPPORTED_TOPK,
     TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS,
 };
 use b12x_core::Device;
@@ -21,7 +22,7 @@ use cudarc::driver::sys;
 
 use crate::device::{loaded, with_context, DeviceModules, STATUS_BYTES};
 use crate::error::{CudaError, DriverContext, Result};
-use crate::launch::{launch, LaunchConfig};
+use crate::launch::{launch, memset_u32, LaunchConfig};
 use crate::ptx::Kernel;
 use crate::tma::{Element, TensorMap, Tiled};
 
@@ -98,7 +99,9 @@ struct ScoreParams {
     chunk_len: u32,
     pages_per_cta: u32,
     pages: u32,
-    pad: u32,
+    /// Words of `zero` the scorer clears (the grid selection's row state).
+    zero_words: u32,
+    zero: u64,
 }
 
 /// Parameters of the TMA-fed scorers (`HopperParams` in
@@ -157,6 +160,8 @@ struct SelectParams {
     physical: u32,
     pages: u32,
     pad: u32,
+    /// The grid selection's row state (unused by the cluster selection).
+    state: u64,
 }
 
 /// Threads of a cluster-selection CTA and the most logits each holds.
@@ -175,6 +180,29 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
     }
     let per = supertile.div_ceil(cluster * SELECT_THREADS).next_power_of_two().max(4);
     (cluster, per)
+}
+
+/// Most CTAs of one row's grid selection (`SG_MAX_PARTS`).
+const GRID_SELECT_MAX_PARTS: u32 = 128;
+
+/// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
+/// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
+/// per thread, at least 4) whose grid fits one wave of one CTA per SM, which
+/// its row barriers need; `None` when no shape fits.
+pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u32)> {
+    [4, 8, 16].into_iter().find_map(|per| {
+        let parts = supertile.div_ceil(SELECT_THREADS * per);
+        (parts <= GRID_SELECT_MAX_PARTS && rows as u64 * parts as u64 <= sms as u64)
+            .then_some((parts, per))
+    })
+}
+
+fn grid_select_kernel(per: u32) -> Kernel {
+    match per {
+        4 => Kernel::IndexerGridSelectP4,
+        8 => Kernel::IndexerGridSelectP8,
+        _ => Kernel::IndexerGridSelectP16,
+    }
 }
 
 fn select_kernel(per: u32) -> Kernel {
@@ -421,6 +449,9 @@ pub struct LaunchRecipe {
     /// One-chunk decode on Hopper: the cluster selection (indexer_select.cu)
     /// instead of the fold.
     cluster_select: bool,
+    /// One-chunk decode with few rows on Hopper, where the row state holds
+    /// it: the grid selection, for calls whose rows fit `grid_select_shape`.
+    grid_select: bool,
     physical: bool,
     stages: Stages,
 }
@@ -491,6 +522,10 @@ impl LaunchRecipe {
                 && plan.max_chunks() == 1
                 && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
                 && modules.has(Kernel::IndexerSelectP4),
+            grid_select: route == Route::PagedDecode
+                && plan.max_chunks() == 1
+                && plan.layout().region(RegionId::RowState).shape[1] == SELECT_STATE_WORDS
+                && modules.has(Kernel::IndexerGridSelectP4),
             physical: plan.caps().index_space == IndexSpace::Physical,
             stages: plan.stages(),
         })
@@ -557,6 +592,18 @@ impl LaunchRecipe {
                 )
             }
         }
+    }
+}
+
+/// A selection kernel's launch: `grid`, clusters of `cluster` CTAs along x,
+/// as the scorer's programmatic dependent.
+fn select_config(grid: (u32, u32, u32), cluster: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block: (SELECT_THREADS, 1, 1),
+        shared_bytes: 0,
+        cluster,
+        dependent: true,
     }
 }
 
@@ -668,6 +715,15 @@ pub unsafe fn launch_indexer(
     let chunks = num_chunks(a.width, s).max(1);
     let (pages_per_cta, score_config) = recipe.scorer_launch(a.rows, s);
     let pages = kernel_pages(a.pages);
+    // The grid selection's row state is cleared by the scorer before it (or,
+    // when no scorer runs, by a memset).
+    let grid_select = if recipe.grid_select && recipe.stages.selects() {
+        grid_select_shape(a.rows, s, recipe.multiprocessors)
+    } else {
+        None
+    };
+    let state = b.region_address(RegionId::RowState);
+    let zero_words = if grid_select.is_some() { a.rows * SELECT_STATE_WORDS as u32 } else { 0 };
     let partial = |id| if recipe.slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
@@ -715,7 +771,8 @@ pub unsafe fn launch_indexer(
         chunk_len: s,
         pages_per_cta,
         pages,
-        pad: 0,
+        zero_words,
+        zero: state,
     };
     let mut hopper = maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams {
         k_map,
@@ -735,7 +792,7 @@ pub unsafe fn launch_indexer(
             (Kernel::IndexerTopkMerge, (a.rows, 1, 1), TopkStage::GENERAL),
         ]
     };
-    if recipe.cluster_select {
+    if recipe.cluster_select || grid_select.is_some() {
         debug_assert!(chunks == 1);
     }
     for c in 0..chunks {
@@ -755,8 +812,7 @@ pub unsafe fn launch_indexer(
         if !recipe.stages.selects() {
             continue;
         }
-        if recipe.cluster_select {
-            let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
+        if recipe.cluster_select || grid_select.is_some() {
             let mut sp = SelectParams {
                 logits: tp.logits,
                 lengths: a.lengths,
@@ -772,20 +828,28 @@ pub unsafe fn launch_indexer(
                 physical: recipe.physical as u32,
                 pages,
                 pad: 0,
+                state,
             };
-            let cfg = LaunchConfig {
-                grid: (cluster, a.rows, 1),
-                block: (SELECT_THREADS, 1, 1),
-                shared_bytes: 0,
-                cluster,
-                // starts while the scorer drains (the scorer signals at its
-                // start; the selection waits for its logits in griddepcontrol.wait)
-                dependent: true,
+            // Either starts while the scorer drains (the scorer signals at its
+            // start; the selection waits for its logits in griddepcontrol.wait).
+            let (kernel, cfg) = match grid_select {
+                Some((parts, per)) => {
+                    if !recipe.stages.scores() {
+                        // SAFETY: the row state is the binding's scratch, `zero_words` words.
+                        unsafe { memset_u32(a.device, state, zero_words, stream)? };
+                    }
+                    let grid = (parts, a.rows, 1);
+                    (grid_select_kernel(per), select_config(grid, 1))
+                }
+                None => {
+                    let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
+                    (select_kernel(per), select_config((cluster, a.rows, 1), cluster))
+                }
             };
             let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
-            // SAFETY: SelectParams mirrors the kernel's struct; the one chunk's
-            // logits and the outputs are the binding's.
-            unsafe { launch(a.device, select_kernel(per), cfg, stream, &mut sargs)? };
+            // SAFETY: SelectParams mirrors the kernels' struct; the one chunk's
+            // logits, the row state and the outputs are the binding's.
+            unsafe { launch(a.device, kernel, cfg, stream, &mut sargs)? };
             continue;
         }
         tp.chunk = c;
@@ -876,6 +940,8 @@ mod tests {
             ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
             ("HP_MAX_BLOCKS", TMA_MAX_ROW_BLOCKS as u64),
             ("SEL_THREADS", SELECT_THREADS as u64),
+            ("SG_STATE_WORDS", SELECT_STATE_WORDS),
+            ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");
         }
@@ -887,14 +953,14 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 11 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
-        assert_eq!(std::mem::size_of::<ScoreParams>(), 11 * 8 + 8 * 4);
+        // 12 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        assert_eq!(std::mem::size_of::<ScoreParams>(), 12 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
         // three 64-byte aligned 128-byte tensor maps, then the score block, padded to 64
         assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
         assert_eq!(std::mem::size_of::<HopperParams>(), 512);
         assert_eq!(std::mem::align_of::<HopperParams>(), 64);
-        assert_eq!(std::mem::size_of::<SelectParams>(), 8 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<SelectParams>(), 9 * 8 + 6 * 4);
     }
 
     #[test]
@@ -911,6 +977,23 @@ mod tests {
             let (cluster, per) = select_shape(rows, st, 132);
             assert!(cluster.is_power_of_two() && cluster <= SELECT_MAX_CLUSTER);
             assert!([4, 8, 16].contains(&per) && cluster * SELECT_THREADS * per >= st);
+        }
+    }
+
+    #[test]
+    fn grid_select_shapes() {
+        // one row x 131072: 32 CTAs of 4096 logits
+        assert_eq!(grid_select_shape(1, 131072, 132), Some((32, 4)));
+        // 16 rows x 65536 and 64 rows x 32768: one wave at 8 and 16 logits per thread
+        assert_eq!(grid_select_shape(16, 65536, 132), Some((8, 8)));
+        assert_eq!(grid_select_shape(64, 32768, 132), Some((2, 16)));
+        // more rows than one wave holds, or a row past 128 CTAs: none
+        assert_eq!(grid_select_shape(133, 512, 132), None);
+        assert_eq!(grid_select_shape(1, 128 * 16384 + 512, 132), None);
+        for (rows, st) in [(1, 512), (3, 1536), (8, 262144), (64, 2048)] {
+            let (parts, per) = grid_select_shape(rows, st, 132).unwrap();
+            assert!(parts <= GRID_SELECT_MAX_PARTS && rows * parts <= 132);
+            assert!(parts * SELECT_THREADS * per >= st);
         }
     }
 

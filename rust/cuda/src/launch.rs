@@ -110,6 +110,21 @@ pub unsafe fn launch(
     })
 }
 
+/// Enqueues clearing `words` 32-bit words at device address `dst` on `stream`.
+///
+/// # Safety
+/// `dst` must be valid for `words` words of writes on device `ordinal`, and
+/// `stream` a live CUstream of it.
+pub unsafe fn memset_u32(ordinal: u32, dst: u64, words: u32, stream: u64) -> Result<()> {
+    let modules = loaded(ordinal)?;
+    with_context(modules.context, || {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { sys::cuMemsetD32Async(dst, 0, words as usize, stream as sys::CUstream) }
+            .result()
+            .ctx("cuMemsetD32Async", || format!("cuda:{ordinal}"))
+    })
+}
+
 /// `cuLaunchKernelEx` with the attributes `config` asks for: a cluster
 /// dimension, programmatic stream serialization.
 ///

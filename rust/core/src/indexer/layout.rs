@@ -7,6 +7,7 @@
 
 use arrayvec::ArrayVec;
 
+use super::{GRID_SELECT_MAX_ROWS, SELECT_STATE_WORDS};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -30,7 +31,9 @@ pub enum RegionId {
     PartialValues,
     /// i32 [rows, topk_slices, topk]: their logical indices.
     PartialIndices,
-    /// i32 [rows, 16]: kernel-private per-row counters.
+    /// i32 [rows, words]: kernel-private per-row state; one-chunk plans of
+    /// at most `GRID_SELECT_MAX_ROWS` rows hold the grid selection's
+    /// (`SELECT_STATE_WORDS`), others 16 words.
     RowState,
 }
 
@@ -69,6 +72,14 @@ pub struct RegionSpec {
 
 fn dims<const N: usize>(d: [u64; N]) -> RegionShape {
     d.into_iter().collect()
+}
+
+fn row_state_words(g: &LayoutInput) -> u64 {
+    if g.max_chunks == 1 && g.rows <= GRID_SELECT_MAX_ROWS {
+        SELECT_STATE_WORDS
+    } else {
+        16
+    }
 }
 
 /// The region table. Order is layout order.
@@ -115,7 +126,7 @@ pub const REGIONS: [RegionSpec; 6] = [
         id: RegionId::RowState,
         name: "row_state",
         dtype: DType::I32,
-        shape: |g| dims([g.rows, 16]),
+        shape: |g| dims([g.rows, row_state_words(g)]),
     },
 ];
 

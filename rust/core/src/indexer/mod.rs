@@ -63,6 +63,13 @@ pub const SUPERTILE_QUANTUM: u32 = 512;
 pub const DECODE_LOGITS_BUDGET: u64 = 1 << 23;
 /// Smallest slice of the two-stage top-k (phase 1 reduces each slice to topk).
 pub const TOPK_SLICE_MIN: u32 = 8192;
+/// Words of one row's cross-CTA state for the grid selection of one-chunk
+/// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): four
+/// levels' histograms, counters, per-CTA counts.
+pub const SELECT_STATE_WORDS: u64 = 1280;
+/// Most query rows a plan may have for its row state to hold the grid
+/// selection's (more rows fill the GPU with one cluster per row).
+pub const GRID_SELECT_MAX_ROWS: u64 = 64;
 /// Largest explicit supertile.
 pub const MAX_SUPERTILE: u32 = 65536;
 /// Query rows of one row block of the TMA-fed prefill scorer (decode blocks

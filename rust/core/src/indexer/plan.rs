@@ -472,7 +472,7 @@ mod tests {
     fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
         let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), &sms(1)).unwrap().nbytes();
         assert!(n(2, 1024) > n(1, 1024));
-        assert_eq!(n(1, 512), n(1, 4096));
+        assert_eq!(n(1, 1024), n(1, 4096));
         assert!(n(1, 64) < n(1, 512));
         // prefill R=1, W=4096, K=512: logits 128 KiB, carries 2x4 KiB, row_state 64 B
         assert_eq!(n(1, 4096), 131072 + 4096 + 4096 + 64);
