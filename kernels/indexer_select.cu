@@ -264,25 +264,25 @@ SELECT_KERNEL(16)
 //
 // A cluster holds at most 8 SMs (16 measured slower), and one row's selection
 // on 8 SMs is a chain of CTA barriers over 16 keys per thread: 21 us for
-// 131072 logits on one H200 while 124 SMs idle. Here G CTAs (up to 128) split
-// the row instead and agree on the k-th key by a radix select over four 8-bit
-// digits: each level, every CTA histograms the digit of its keys that match
-// the prefix so far into 256 shared counters, adds them to the row's global
-// histogram of the level, and waits at the row's barrier (one counter, G
-// arrivals a level); then every CTA reads the 256 sums from L2 and finds the
-// same digit. Keys above it are emitted at once (slots from the row's global
-// counter). The scorer before this kernel zeroed the row's state (histograms
-// and counters, in the scratch) and this kernel waits for it in pdl_wait, so
-// nothing persists between calls. All G CTAs of a row must be resident at
-// once: the launcher keeps rows * G <= SMs at one CTA per SM.
-#define SG_BINS 256
-#define SG_LEVELS 4
+// 131072 logits on one H200 while 124 SMs idle. Here G CTAs (4 to 128) split
+// the row instead and agree on the k-th key by the same radix select over
+// 11 + 11 + 10 bits: each level, every CTA histograms the digit of its keys
+// that match the prefix so far in shared memory, adds the nonzero counts to
+// the row's global histogram of the level, and waits at the row's barrier
+// (one counter, G arrivals a level); then every CTA reads the sums from L2 and
+// finds the same digit. Once the k-th key is known, every key above it is
+// emitted (slots from the row's global counter), then the ties the k-th key
+// needs, lowest indices first. The scorer before this kernel zeroed the row's
+// state (histograms and counters, in the scratch) and this kernel reads it
+// only past pdl_wait, so nothing persists between calls. All G CTAs of a row
+// must be resident at once: the launcher keeps rows * G <= SMs at one CTA per
+// SM.
+#define SG_LEVELS 3
 #define SG_MAX_PARTS 128
-#define SG_ARRIVE (SG_LEVELS * SG_BINS)  // barrier arrivals
-#define SG_SLOTS (SG_ARRIVE + 1)        // output slots taken
-#define SG_TIES (SG_ARRIVE + 128)       // per-CTA counts of the k-th key
-#define SG_ZERO_WORDS (SG_ARRIVE + 8)   // what the scorer zeroes per row
-#define SG_STATE_WORDS 1280  // rust/core SELECT_STATE_WORDS
+#define SG_ARRIVE (SG_LEVELS * SEL_BINS)  // barrier arrivals
+#define SG_SLOTS (SG_ARRIVE + 1)          // output slots taken
+#define SG_TIES (SG_ARRIVE + 128)         // per-CTA counts of the k-th key
+#define SG_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
 
 // Waits until `target` arrivals (every CTA of the row, once per barrier so
@@ -302,15 +302,15 @@ __device__ __forceinline__ void row_barrier(u32* arrive, u32 target) {
 
 template <int PER>
 __device__ __forceinline__ void select_grid(const SelectParams& p) {
-    __shared__ u32 hist[SG_BINS];  // this CTA's counts of the level
+    __shared__ u32 hist[SEL_BINS];  // this CTA's counts of the level
     __shared__ u32 sums[SEL_WARPS];
-    __shared__ u32 found[2];  // the level's digit and the count above it
+    __shared__ u32 found[3];  // the level's digit, the count above it, its own count
 
-    const u32 tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 tid = threadIdx.x, lane = tid & 31;
     const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
     const u32 K = p.topk;
     u32* st = p.state + (u64)row * SG_STATE_WORDS;
-    if (tid < SG_BINS) hist[tid] = 0u;
+    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
     pdl_wait();  // the scorer's logits and its zeroing of `st` are complete past here
     const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
     const u32 first = (part * SEL_THREADS + tid) * PER;
@@ -358,51 +358,53 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         }
     };
 
-    u32 prefix = 0, pmask = 0, need = K, total = 0, count = 0;
-    int level = 0;
-    for (; level < SG_LEVELS; ++level) {
-        const int shift = 24 - 8 * level;
-        __syncthreads();  // `hist` zeroed (and `found` read) by every thread
+    u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
+    // Levels: digits of bits 31..21, 20..10, 9..0.
+#pragma unroll
+    for (int level = 0; level < SG_LEVELS; ++level) {
+        const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
+        const u32 bins = level == 2 ? 1024u : 2048u;
+        u32* gh = st + level * SEL_BINS;
+        __syncthreads();  // `hist` zeroed by every thread
 #pragma unroll
         for (int i = 0; i < PER; ++i)
-            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&hist[(key[i] >> shift) & 255u], 1u);
+            if (key[i] != 0u && (key[i] & pmask) == prefix)
+                atomicAdd(&hist[(key[i] >> shift) & (bins - 1)], 1u);
         __syncthreads();
-        if (tid < SG_BINS && hist[tid] != 0u) atomicAdd(&st[level * SG_BINS + tid], hist[tid]);
-        row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
-        // The row's counts, bins descending over threads 0..255: the k-th
-        // key's digit is where the count from the top reaches `need`.
-        const u32 bin = SG_BINS - 1 - tid;
-        const u32 c = tid < SG_BINS ? __ldcg(&st[level * SG_BINS + bin]) : 0u;
-        const u32 incl = warp_inclusive_sum(c);
-        if (lane == 31 && warp < SG_BINS / 32) sums[warp] = incl;
-        __syncthreads();
-        u32 before = 0, all = 0;
-#pragma unroll
-        for (u32 w = 0; w < SG_BINS / 32; ++w) {
-            before += w < warp ? sums[w] : 0u;
-            all += sums[w];
+        for (u32 b = tid; b < bins; b += SEL_THREADS) {
+            const u32 c = hist[b];
+            if (c != 0u) atomicAdd(&gh[b], c);
+            hist[b] = 0u;  // for the next level (past this level's barrier)
         }
+        row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
+        // The row's counts, bins descending over threads: the k-th key's
+        // digit is where the count from the top reaches `need`.
+        const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+        const u32 top = bins - 1 - tid * per_bins;
+        u32 c[2];
+#pragma unroll
+        for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? __ldcg(&gh[top - j]) : 0u;
+        u32 all;
+        u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
         if (level == 0) {
             total = all;
             need = min(K, total);
         }
         if (need == 0 || (level == 0 && total <= K)) break;  // uniform over the row
-        const u32 above = before + incl - c;
-        if (tid < SG_BINS && above < need && above + c >= need) {
-            found[0] = bin;
-            found[1] = above;
+#pragma unroll
+        for (u32 j = 0; j < 2; ++j) {
+            if (j < per_bins && above < need && above + c[j] >= need) {
+                found[0] = top - j;
+                found[1] = above;
+                found[2] = c[j];
+            }
+            above += c[j];
         }
         __syncthreads();
-        const u32 digit = found[0], count_above = found[1];
-        if (level == SG_LEVELS - 1) count = hist[digit];  // this CTA's keys equal to the k-th
-        const u32 want = prefix, wmask = pmask;
-        emit(mask_of([&](int i) {
-            return key[i] != 0u && (key[i] & wmask) == want && ((key[i] >> shift) & 255u) > digit;
-        }));
-        need -= count_above;
-        prefix |= digit << shift;
-        pmask |= 255u << shift;
-        if (tid < SG_BINS) hist[tid] = 0u;  // read above, before the barrier at the loop's top
+        need -= found[1];
+        ties = found[2];
+        prefix |= found[0] << shift;
+        pmask |= (bins - 1) << shift;
     }
 
     if (total <= K) {
@@ -414,26 +416,25 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         }
         return;
     }
-    // `prefix` is the k-th key; `need` of the keys equal to it go in. When
-    // that is all of them, every CTA takes its own; otherwise the lowest
-    // indices: CTAs hold ascending ranges, so each learns how many the lower
-    // ones hold (one more barrier).
-    const u32 ties = __ldcg(&st[(SG_LEVELS - 1) * SG_BINS + (prefix & 255u)]);
+    // `prefix` is the k-th key: every key above it goes in, and `need` of the
+    // `ties` keys equal to it. When that is all of them every CTA takes its
+    // own; otherwise the lowest indices: CTAs hold ascending ranges, so each
+    // learns how many the lower ones hold (one more barrier).
+    emit(mask_of([&](int i) { return key[i] > prefix; }));
+    u32 mine = 0;
+#pragma unroll
+    for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
+    u32 count;
+    const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, count);
     u32 take = count;
     if (need < ties) {
         if (tid == 0) st[SG_TIES + part] = count;
         row_barrier(&st[SG_ARRIVE], (SG_LEVELS + 1) * parts);
-        const u32 lower = tid < part ? __ldcg(&st[SG_TIES + tid]) : 0u;
+        const u32 lower = tid < part ? __ldcg(&st[SG_TIES + tid]) : 0u;  // the lower CTAs' counts
         u32 all_lower;
-        const u32 x = lower;  // threads 0..part-1 hold the lower CTAs' counts
-        (void)block_exclusive_sum<SEL_THREADS>(x, sums, all_lower);
+        (void)block_exclusive_sum<SEL_THREADS>(lower, sums, all_lower);
         take = need > all_lower ? min(need - all_lower, count) : 0u;
     }
-    u32 mine = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
-    u32 all;
-    const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
     u32 seen = ahead, m = 0;
 #pragma unroll
     for (int i = 0; i < PER; ++i) {

@@ -176,7 +176,7 @@ def test_layout_regions_are_aligned_ordered_and_typed():
     # one chunk, few rows: the row state holds the grid selection's
     one_chunk = di.plan(caps(max_q_rows=3, max_page_table_width=16, supertile_tokens=1024))
     assert one_chunk.max_chunks == 1
-    assert one_chunk.layout["row_state"].shape == (3, 1280)
+    assert one_chunk.layout["row_state"].shape == (3, 6400)
     assert layout.get("nope") is None and layout.get("nope", 5) == 5
     with pytest.raises(KeyError, match='no scratch region "nope"'):
         layout["nope"]
@@ -217,8 +217,8 @@ def test_default_supertile_and_chunks():
 
 
 def expected_nbytes(rows: int, topk: int, supertile: int, chunks: int) -> int:
-    # the row state: the grid selection's 1280 words for one chunk and <= 64 rows
-    state = 1280 if chunks == 1 and rows <= 64 else 16
+    # the row state: the grid selection's 6400 words for one chunk and <= 32 rows
+    state = 6400 if chunks == 1 and rows <= 32 else 16
     sizes = [rows * supertile * 4, 2 * rows * topk * 4, 2 * rows * topk * 4, rows * state * 4]
     off = 0
     for size in sizes[:-1]:

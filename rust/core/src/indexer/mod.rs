@@ -66,10 +66,11 @@ pub const TOPK_SLICE_MIN: u32 = 8192;
 /// Words of one row's cross-CTA state for the grid selection of one-chunk
 /// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): four
 /// levels' histograms, counters, per-CTA counts.
-pub const SELECT_STATE_WORDS: u64 = 1280;
+pub const SELECT_STATE_WORDS: u64 = 6400;
 /// Most query rows a plan may have for its row state to hold the grid
-/// selection's (more rows fill the GPU with one cluster per row).
-pub const GRID_SELECT_MAX_ROWS: u64 = 64;
+/// selection's (it takes at least 4 CTAs a row, all in one wave of an H200's
+/// 132 SMs; more rows fill the GPU with one cluster per row).
+pub const GRID_SELECT_MAX_ROWS: u64 = 32;
 /// Largest explicit supertile.
 pub const MAX_SUPERTILE: u32 = 65536;
 /// Query rows of one row block of the TMA-fed prefill scorer (decode blocks
