@@ -286,16 +286,17 @@ SELECT_KERNEL(16)
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
 
 // Waits until `target` arrivals (every CTA of the row, once per barrier so
-// far) at the row's counter; orders this CTA's global writes and atomics
-// before it with every CTA's reads after it (as cooperative groups' grid sync).
+// far) at the row's counter: this CTA's global writes and atomics before it
+// happen before every CTA's reads after it (the CTA barrier, then one
+// thread's release add and acquire polls at GPU scope).
 __device__ __forceinline__ void row_barrier(u32* arrive, u32 target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(arrive, 1u);
-        while (*reinterpret_cast<volatile u32*>(arrive) < target) {
-        }
-        __threadfence();
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(arrive) : "memory");
+        u32 seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(arrive) : "memory");
+        } while (seen < target);
     }
     __syncthreads();
 }
@@ -365,7 +366,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
         const u32 bins = level == 2 ? 1024u : 2048u;
         u32* gh = st + level * SEL_BINS;
-        __syncthreads();  // `hist` zeroed by every thread
+        if (level == 0) __syncthreads();  // `hist` zeroed (later levels: before the barrier)
 #pragma unroll
         for (int i = 0; i < PER; ++i)
             if (key[i] != 0u && (key[i] & pmask) == prefix)
