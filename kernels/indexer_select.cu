@@ -19,10 +19,10 @@
 // each level, every CTA histograms the digit of its keys that match the
 // prefix found so far, the cluster sums the CL histograms through
 // distributed shared memory (one cluster barrier), and every CTA finds the
-// same digit (the bin holding the k-th key). Keys above that bin are emitted
-// at once (output slots from a counter in rank 0's shared memory); after the
-// last level the k-th key's value is exact, and its ties go to the lowest
-// indices (ranks hold ascending index ranges, threads ascending subranges).
+// same digit (the bin holding the k-th key). After the last level the k-th
+// key's value is exact: every key above it is emitted (output slots from a
+// counter in rank 0's shared memory), and its ties go to the lowest indices
+// (ranks hold ascending index ranges, threads ascending subranges).
 #include "indexer_common.cuh"
 
 #define SEL_THREADS 1024
@@ -199,17 +199,9 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
             above += c;
         }
         __syncthreads();
-        const u32 digit = found[0], count_above = found[1];
-        const u32 dmask = (bins - 1) << shift;
-        const u32 want = prefix;
-        const u32 wmask = pmask;
-        emit(mask_of([&](int i) {
-            return key[i] != 0u && (key[i] & wmask) == want &&
-                   ((key[i] >> shift) & (bins - 1)) > digit;
-        }));
-        need -= count_above;
-        prefix |= digit << shift;
-        pmask |= dmask;
+        need -= found[1];
+        prefix |= found[0] << shift;
+        pmask |= (bins - 1) << shift;
         // The other parity's histogram is free (every rank read it last
         // level, before this level's cluster barrier): clear it for the next.
         for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[(level + 1) & 1][b] = 0u;
@@ -224,8 +216,11 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
             if (out_s) out_s[s] = b12x_neg_inf();
         }
     } else {
-        // Ties at the k-th key (`prefix` now): the lowest indices. The last
-        // level's histogram (parity 0) counts them per rank.
+        // `prefix` is the k-th key: every key above it, then `need` of its
+        // ties, the lowest indices. (Emitting each level's keys as the level
+        // found them put global stores before every cluster barrier.) The
+        // last level's histogram (parity 0) counts the ties per rank.
+        emit(mask_of([&](int i) { return key[i] > prefix; }));
         const u32 d = prefix & 1023u;
         u32 before = 0;
         for (u32 r = 0; r < rank; ++r) before += dsmem_load(dsmem(&hist[0][d], r));
