@@ -129,7 +129,7 @@ def check(inputs, topk, out, sc, *, space="logical"):
 
 @pytest.mark.parametrize("heads", [16, 32, 64])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-# 3 chunks of 1024, or one chunk (on sm_90: the cluster top-k)
+# 3 chunks of 1024, or one chunk (on sm_90: the cluster selection)
 @pytest.mark.parametrize("supertile", [1024, 0])
 def test_decode_grid(heads, topk, supertile):
     width = 48  # 3072 K rows

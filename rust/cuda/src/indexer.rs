@@ -1,8 +1,10 @@
-//! Launchers for the C4 indexer kernels (kernels/indexer_{decode,prefill,wgmma,topk}.cu).
+//! Launchers for the C4 indexer kernels (kernels/indexer_*.cu).
 //!
 //! One call enqueues, per supertile chunk of the page table, a scorer
 //! (paged decode, or prefill over a shared page-table row) and the exact
-//! top-k fold over that chunk and the carry. It launches straight from a
+//! top-k fold over that chunk and the carry; one-chunk decode on Hopper
+//! selects with a cluster of CTAs per row instead, or with a grid of them
+//! for few long rows. It launches straight from a
 //! core [`Binding`]: `Caps`, `Plan` and `bind` validated every value, the plan
 //! chose the route, the MMA flavor, the supertile and the top-k slices, so
 //! nothing is checked again here (debug builds assert the invariants).
@@ -14,8 +16,7 @@ use std::ffi::c_void;
 use b12x_core::indexer::{
     Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages, HEAD_DIM, MAX_HEADS,
     PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET, SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM,
-    SUPPORTED_TOPK,
-    TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS,
+    SUPPORTED_TOPK, TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS,
 };
 use b12x_core::Device;
 use cudarc::driver::sys;
@@ -143,7 +144,8 @@ struct TopkParams {
     hit_cap: u32,
 }
 
-/// Parameters of the cluster selection (`SelectParams` in kernels/indexer_select.cu).
+/// Parameters of the cluster and grid selections (`SelectParams` in
+/// kernels/indexer_select.cu).
 #[repr(C)]
 struct SelectParams {
     logits: u64,
@@ -183,9 +185,10 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
 }
 
 /// Most CTAs of one row's grid selection (`SG_MAX_PARTS`), and the fewest.
-/// On one H200 (four 8-bit levels, top-k alone): at 2 CTAs a row (64 rows x
-/// 32768 logits) the cluster selection was faster (22.2 against 28.7 us), at
-/// 8 (16 x 65536) much slower (37.2 against 23.7).
+/// On one H200 (the top-k alone, bench-results/h200/indexer-round10-notes.md):
+/// at 2 CTAs a row (64 rows x 32768 logits) the cluster selection was faster
+/// (22.2 against 28.7 us, a first grid form), at 8 (16 x 65536) much slower
+/// (37.2 against 23.7).
 const GRID_SELECT_MAX_PARTS: u32 = 128;
 const GRID_SELECT_MIN_PARTS: u32 = 4;
 
@@ -604,13 +607,7 @@ impl LaunchRecipe {
 /// A selection kernel's launch: `grid`, clusters of `cluster` CTAs along x,
 /// as the scorer's programmatic dependent.
 fn select_config(grid: (u32, u32, u32), cluster: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid,
-        block: (SELECT_THREADS, 1, 1),
-        shared_bytes: 0,
-        cluster,
-        dependent: true,
-    }
+    LaunchConfig { grid, block: (SELECT_THREADS, 1, 1), shared_bytes: 0, cluster, dependent: true }
 }
 
 /// What `Caps`, `Plan` and `bind` guarantee, asserted in debug builds only.

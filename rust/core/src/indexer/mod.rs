@@ -64,8 +64,8 @@ pub const DECODE_LOGITS_BUDGET: u64 = 1 << 23;
 /// Smallest slice of the two-stage top-k (phase 1 reduces each slice to topk).
 pub const TOPK_SLICE_MIN: u32 = 8192;
 /// Words of one row's cross-CTA state for the grid selection of one-chunk
-/// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): four
-/// levels' histograms, counters, per-CTA counts.
+/// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): three
+/// levels' histograms of 2048 bins, counters, per-CTA counts.
 pub const SELECT_STATE_WORDS: u64 = 6400;
 /// Most query rows a plan may have for its row state to hold the grid
 /// selection's (it takes at least 4 CTAs a row, all in one wave of an H200's
