@@ -234,9 +234,7 @@ def test_scratch_scales_with_rows_and_with_width_up_to_one_supertile():
                     p = di.plan(
                         caps(max_q_rows=rows, max_page_table_width=width, topk=topk, mode=mode)
                     )
-                    assert p.nbytes == expected_nbytes(
-                        rows, topk, p.supertile_tokens, p.max_chunks
-                    )
+                    assert p.nbytes == expected_nbytes(rows, topk, p.supertile_tokens, p.max_chunks)
 
     def n(r, w, m="prefill"):
         return di.plan(caps(max_q_rows=r, max_page_table_width=w, mode=m)).nbytes
