@@ -187,8 +187,8 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
 /// Most CTAs of one row's grid selection (`SG_MAX_PARTS`), and the fewest.
 /// On one H200 (the top-k alone, bench-results/h200/indexer-round10-notes.md):
 /// at 2 CTAs a row (64 rows x 32768 logits) the cluster selection was faster
-/// (22.2 against 28.7 us, a first grid form), at 8 (16 x 65536) much slower
-/// (37.2 against 23.7).
+/// than a first grid form (22.2 against 28.7 us), at 8 (16 x 65536) it was
+/// much slower (37.2 against 23.7).
 const GRID_SELECT_MAX_PARTS: u32 = 128;
 const GRID_SELECT_MIN_PARTS: u32 = 4;
 
