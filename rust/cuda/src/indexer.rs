@@ -14,9 +14,10 @@
 use std::ffi::c_void;
 
 use b12x_core::indexer::{
-    Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages, HEAD_DIM, MAX_HEADS,
-    PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET, SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM,
-    SUPPORTED_TOPK, TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS,
+    Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages,
+    GRID_SELECT_MIN_PARTS, HEAD_DIM, MAX_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET,
+    SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK, TMA_MAX_ROW_BLOCKS,
+    TMA_PREFILL_BLOCK_ROWS,
 };
 use b12x_core::Device;
 use cudarc::driver::sys;
@@ -189,8 +190,9 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
 /// at 2 CTAs a row (64 rows x 32768 logits) the cluster selection was faster
 /// than a first grid form (22.2 against 28.7 us), at 8 (16 x 65536) it was
 /// much slower (37.2 against 23.7).
+/// (The fewest is `GRID_SELECT_MIN_PARTS`, in core: the plan sizes the row
+/// state by it.)
 const GRID_SELECT_MAX_PARTS: u32 = 128;
-const GRID_SELECT_MIN_PARTS: u32 = 4;
 
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
@@ -458,8 +460,8 @@ pub struct LaunchRecipe {
     /// One-chunk decode on Hopper: the cluster selection (indexer_select.cu)
     /// instead of the fold.
     cluster_select: bool,
-    /// One-chunk decode with few rows on Hopper, where the row state holds
-    /// it: the grid selection, for calls whose rows fit `grid_select_shape`.
+    /// One-chunk decode with few rows on Hopper (the plan's row state holds
+    /// it): the grid selection, for calls whose rows fit `grid_select_shape`.
     grid_select: bool,
     physical: bool,
     stages: Stages,
@@ -531,10 +533,7 @@ impl LaunchRecipe {
                 && plan.max_chunks() == 1
                 && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
                 && modules.has(Kernel::IndexerSelectP4),
-            grid_select: route == Route::PagedDecode
-                && plan.max_chunks() == 1
-                && plan.layout().region(RegionId::RowState).shape[1] == SELECT_STATE_WORDS
-                && modules.has(Kernel::IndexerGridSelectP4),
+            grid_select: plan.grid_select_state() && modules.has(Kernel::IndexerGridSelectP4),
             physical: plan.caps().index_space == IndexSpace::Physical,
             stages: plan.stages(),
         })

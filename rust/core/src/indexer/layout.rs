@@ -7,7 +7,7 @@
 
 use arrayvec::ArrayVec;
 
-use super::{GRID_SELECT_MAX_ROWS, SELECT_STATE_WORDS};
+use super::SELECT_STATE_WORDS;
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -31,9 +31,9 @@ pub enum RegionId {
     PartialValues,
     /// i32 [rows, topk_slices, topk]: their logical indices.
     PartialIndices,
-    /// i32 [rows, words]: kernel-private per-row state; one-chunk plans of
-    /// at most `GRID_SELECT_MAX_ROWS` rows hold the grid selection's
-    /// (`SELECT_STATE_WORDS`), others 16 words.
+    /// i32 [rows, words]: kernel-private per-row state; plans that may run
+    /// the grid selection hold its `SELECT_STATE_WORDS` (`Plan::
+    /// grid_select_state`), others 16 words.
     RowState,
 }
 
@@ -61,6 +61,8 @@ pub struct LayoutInput {
     pub multiprocessors: u64,
     /// Slices of the two-stage top-k (1 = one CTA per row, no partials).
     pub topk_slices: u64,
+    /// Whether the row state holds the grid selection's.
+    pub grid_select_state: bool,
 }
 
 pub struct RegionSpec {
@@ -75,7 +77,7 @@ fn dims<const N: usize>(d: [u64; N]) -> RegionShape {
 }
 
 fn row_state_words(g: &LayoutInput) -> u64 {
-    if g.max_chunks == 1 && g.rows <= GRID_SELECT_MAX_ROWS {
+    if g.grid_select_state {
         SELECT_STATE_WORDS
     } else {
         16
@@ -225,6 +227,7 @@ mod tests {
             max_chunks: 2,
             multiprocessors: 1,
             topk_slices: 1,
+            grid_select_state: false,
         }
     }
 

@@ -67,10 +67,10 @@ pub const TOPK_SLICE_MIN: u32 = 8192;
 /// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): three
 /// levels' histograms of 2048 bins, counters, per-CTA counts.
 pub const SELECT_STATE_WORDS: u64 = 6400;
-/// Most query rows a plan may have for its row state to hold the grid
-/// selection's (it takes at least 4 CTAs a row, all in one wave of an H200's
-/// 132 SMs; more rows fill the GPU with one cluster per row).
-pub const GRID_SELECT_MAX_ROWS: u64 = 32;
+/// Fewest CTAs of one row's grid selection: a CUDA decode plan of one chunk
+/// holds its row state when rows x this many CTAs fit one wave of the
+/// device's SMs (more rows fill the GPU with one cluster per row).
+pub const GRID_SELECT_MIN_PARTS: u32 = 4;
 /// Largest explicit supertile.
 pub const MAX_SUPERTILE: u32 = 65536;
 /// Query rows of one row block of the TMA-fed prefill scorer (decode blocks

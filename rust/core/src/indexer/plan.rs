@@ -7,8 +7,8 @@ use std::fmt;
 use super::caps::{Caps, Mode, Precision};
 use super::layout::{LayoutInput, ScratchLayout};
 use super::{
-    DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, HEAD_TILE, PAGE_SIZE, SUPERTILE_QUANTUM,
-    TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS, TOPK_SLICE_MIN,
+    DECODE_LOGITS_BUDGET, DEFAULT_SUPERTILE, GRID_SELECT_MIN_PARTS, HEAD_TILE, PAGE_SIZE,
+    SUPERTILE_QUANTUM, TMA_MAX_ROW_BLOCKS, TMA_PREFILL_BLOCK_ROWS, TOPK_SLICE_MIN,
 };
 use crate::error::{Error, Result};
 
@@ -172,6 +172,7 @@ pub struct Plan {
     max_chunks: u32,
     multiprocessors: u32,
     topk_slices: u32,
+    grid_select_state: bool,
     layout: ScratchLayout,
 }
 
@@ -264,6 +265,12 @@ impl Plan {
             }
         };
         let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
+        // The grid selection (one-chunk decode, few rows) keeps its cross-CTA
+        // state in the row state; rows x its fewest CTAs must fit one wave.
+        let grid_select_state = caps.device.is_cuda()
+            && route == Route::PagedDecode
+            && max_chunks == 1
+            && rows * GRID_SELECT_MIN_PARTS as u64 <= multiprocessors as u64;
         let layout = ScratchLayout::new(&LayoutInput {
             rows: caps.max_q_rows as u64,
             topk: caps.topk as u64,
@@ -273,6 +280,7 @@ impl Plan {
             max_chunks,
             multiprocessors: multiprocessors as u64,
             topk_slices,
+            grid_select_state,
         })?;
         if options.stages != Stages::All && !caps.device.is_cuda() {
             return Err(Error::InvalidValue {
@@ -294,6 +302,7 @@ impl Plan {
             max_chunks: max_chunks as u32,
             multiprocessors,
             topk_slices: topk_slices as u32,
+            grid_select_state,
             layout,
         })
     }
@@ -341,6 +350,13 @@ impl Plan {
     #[inline]
     pub fn topk_slices(&self) -> u32 {
         self.topk_slices
+    }
+    /// Whether the row state holds the grid selection's
+    /// (`SELECT_STATE_WORDS` words a row): a CUDA one-chunk decode plan
+    /// whose rows take `GRID_SELECT_MIN_PARTS` CTAs each in one wave.
+    #[inline]
+    pub fn grid_select_state(&self) -> bool {
+        self.grid_select_state
     }
     #[inline]
     pub fn layout(&self) -> &ScratchLayout {
@@ -391,6 +407,7 @@ impl fmt::Display for Plan {
 mod tests {
     use super::super::caps::{CapsRequest, IndexSpace, Precision};
     use super::super::layout::RegionId;
+    use super::super::SELECT_STATE_WORDS;
     use super::*;
     use crate::tensor::Device;
 
@@ -472,10 +489,28 @@ mod tests {
     fn scratch_scales_with_rows_and_stops_growing_with_width_past_one_supertile() {
         let n = |r, w| Plan::new(&caps(64, r, w, 512, 0, Mode::Prefill), &sms(1)).unwrap().nbytes();
         assert!(n(2, 1024) > n(1, 1024));
-        assert_eq!(n(1, 1024), n(1, 4096));
+        assert_eq!(n(1, 512), n(1, 4096));
         assert!(n(1, 64) < n(1, 512));
         // prefill R=1, W=4096, K=512: logits 128 KiB, carries 2x4 KiB, row_state 64 B
         assert_eq!(n(1, 4096), 131072 + 4096 + 4096 + 64);
+    }
+
+    #[test]
+    fn only_one_chunk_decode_plans_that_fit_one_wave_hold_the_grid_selection_state() {
+        let state = |rows, width, mode, facts: &DeviceFacts| {
+            let p = Plan::new(&caps(64, rows, width, 512, 0, mode), facts).unwrap();
+            let words = p.layout().region(RegionId::RowState).shape[1];
+            assert_eq!(words == SELECT_STATE_WORDS, p.grid_select_state());
+            p.grid_select_state()
+        };
+        // one row of 131072 logits, 32 rows (4 CTAs each: 128 of 132 SMs): yes
+        assert!(state(1, 2048, Mode::Decode, &sms(132)));
+        assert!(state(32, 512, Mode::Decode, &sms(132)));
+        // 64 rows (or 33, bucketed to 64), fewer SMs, prefill, one SM: no
+        assert!(!state(64, 512, Mode::Decode, &sms(132)));
+        assert!(!state(32, 512, Mode::Decode, &sms(127)));
+        assert!(!state(1, 512, Mode::Prefill, &sms(132)));
+        assert!(!state(1, 512, Mode::Decode, &sms(1)));
     }
 
     #[test]
