@@ -61,8 +61,11 @@ def test_doctor_says_when_vllm_will_not_load_the_plugin():
     assert "NOT loaded: VLLM_PLUGINS='lora_resolver' does not name b12x" in out
     assert "'all': on, but vLLM does not load the plugin: vLLM runs as stock" in out
     assert "vLLM gets" not in out
-    out = doctor("all", VLLM_PLUGINS="lora_resolver, b12x")
+    out = doctor("all", VLLM_PLUGINS="lora_resolver,b12x")
     assert "NOT loaded" not in out and "'all': on; vLLM gets:" in out
+    # vLLM's own split: the name " b12x" is not "b12x" (vllm/envs.py, plugins/__init__.py)
+    out = doctor("all", VLLM_PLUGINS="lora_resolver, b12x")
+    assert "NOT loaded: VLLM_PLUGINS='lora_resolver, b12x' does not name b12x" in out
 
 
 def test_doctor_says_why_the_indexer_would_not_be_used_here():

@@ -197,9 +197,10 @@ def hide_from_vllm_b12x_detection() -> None:
 
 def vllm_loads_plugin(env: Mapping[str, str]) -> bool:
     """Whether vLLM loads b12x's plugin: ``VLLM_PLUGINS`` unset (every
-    plugin), or a comma list that names ``b12x``."""
+    plugin), or a comma list that names ``b12x``. vLLM splits it on commas
+    and strips nothing, so ``"a, b12x"`` does not name it."""
     allowed = env.get("VLLM_PLUGINS")
-    return allowed is None or "b12x" in [name.strip() for name in allowed.split(",")]
+    return allowed is None or "b12x" in allowed.split(",")
 
 
 def indexer_not_here() -> str | None:
@@ -274,7 +275,10 @@ def status_lines(state: Mapping[str, Any]) -> list[tuple[str, str]]:
     registered = "registered" if state.get("entry_point") else "NOT registered (reinstall b12x)"
     plugin_row = f"entry point {registered}; vLLM {vllm}"
     if not state.get("loaded", True):
-        plugin_row += f"; NOT loaded: VLLM_PLUGINS={state.get('vllm_plugins')!r} does not name b12x"
+        plugin_row += (
+            f"; NOT loaded: VLLM_PLUGINS={state.get('vllm_plugins')!r} does not name b12x"
+            " (vLLM splits it on commas, spaces included)"
+        )
     rows = [("vLLM plugin", plugin_row)]
     switch = state.get("switch")
     shown = "unset" if switch is None else repr(switch)
