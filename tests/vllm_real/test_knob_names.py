@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import b12x
 import pytest
 from b12x.comm.pcie import Limits, knobs
 from vllm.platforms import current_platform
@@ -36,3 +37,10 @@ def test_the_old_names_are_read_once_each_with_a_warning_naming_the_new(monkeypa
                         f"set {knobs.ENV_ONESHOT_MAX}"]  # fmt: skip
     monkeypatch.setenv(knobs.ENV_ONESHOT_MAX, "32KB")  # the new name wins
     assert Limits.from_env().oneshot_max == 32 << 10
+
+
+def test_a_bad_value_under_an_old_name_is_reported_under_that_name(monkeypatch):
+    old = "VLLM_PCIE_TWOSHOT_ROW_ELEMS"
+    monkeypatch.setenv(old, "many")
+    with pytest.raises(b12x.ConfigError, match=f"{old}.*'many'|{old}.*\"many\""):
+        Limits.from_env()

@@ -97,44 +97,68 @@ impl Knob {
         }
     }
 
-    fn source(self) -> Source {
-        Source { op: OP, operand: self.var().into() }
-    }
-
-    fn refuse(self, text: &str) -> Error {
-        self.source().invalid(self.accepted(), text)
-    }
-
     const fn index(self) -> usize {
         self as usize
     }
 }
 
-/// The values of the knobs' variables in one environment (unset = None).
+/// The values of the knobs' variables in one environment (unset = None),
+/// each with the variable it was read from: its name, or where that is
+/// unset its [deprecated](Knob::deprecated_var) one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EnvValues {
-    values: [Option<String>; Knob::ALL.len()],
+    values: [Option<(String, &'static str)>; Knob::ALL.len()],
 }
 
 impl EnvValues {
-    /// Reads every knob through `get` (a variable name -> its value).
+    /// Reads `knobs` through `get` (a variable name -> its value), each from
+    /// its name, else from its deprecated name.
     pub fn read<E>(
+        knobs: &[Knob],
         mut get: impl FnMut(&'static str) -> Result<Option<String>, E>,
     ) -> Result<Self, E> {
         let mut env = EnvValues::default();
-        for knob in Knob::ALL {
-            env.values[knob.index()] = get(knob.var())?;
+        for &knob in knobs {
+            for name in std::iter::once(knob.var()).chain(knob.deprecated_var()) {
+                if let Some(value) = get(name)? {
+                    env.values[knob.index()] = Some((value, name));
+                    break;
+                }
+            }
         }
         Ok(env)
     }
 
+    /// Sets `knob` as if read from its variable.
     pub fn set(&mut self, knob: Knob, value: impl Into<String>) -> &mut Self {
-        self.values[knob.index()] = Some(value.into());
+        self.values[knob.index()] = Some((value.into(), knob.var()));
         self
     }
 
     pub fn get(&self, knob: Knob) -> Option<&str> {
-        self.values[knob.index()].as_deref()
+        self.values[knob.index()].as_ref().map(|(value, _)| value.as_str())
+    }
+
+    /// The variable `knob`'s value came from (its name when unset).
+    pub fn name(&self, knob: Knob) -> &'static str {
+        self.values[knob.index()].as_ref().map_or(knob.var(), |&(_, name)| name)
+    }
+
+    /// (deprecated name, name) of every knob read from its deprecated name.
+    pub fn deprecated_in_use(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        Knob::ALL.into_iter().filter_map(|knob| {
+            let name = self.name(knob);
+            (name != knob.var()).then_some((name, knob.var()))
+        })
+    }
+
+    fn source(&self, knob: Knob) -> Source {
+        Source { op: OP, operand: self.name(knob).into() }
+    }
+
+    /// The error for `knob`'s value `text`, naming the variable it came from.
+    fn refuse(&self, knob: Knob, text: &str) -> Error {
+        self.source(knob).invalid(knob.accepted(), text)
     }
 }
 
@@ -145,9 +169,9 @@ fn byte_limit(env: &EnvValues, knob: Knob, default: u64) -> Result<u64> {
     if knob == Knob::TwoshotMax && is_off(text) {
         return Ok(0);
     }
-    let value = parse_non_negative(text, &knob.source())?;
+    let value = parse_non_negative(text, &env.source(knob))?;
     if value > MAX_LIMIT_BYTES {
-        return Err(knob.refuse(text));
+        return Err(env.refuse(knob, text));
     }
     Ok(value)
 }
@@ -162,7 +186,7 @@ pub fn limits_from_env(env: &EnvValues) -> Result<Limits> {
             .parse::<u64>()
             .ok()
             .filter(|n| (1..=MAX_ROW_ELEMS).contains(n))
-            .ok_or_else(|| Knob::TwoshotRowElems.refuse(text))?,
+            .ok_or_else(|| env.refuse(Knob::TwoshotRowElems, text))?,
     };
     Limits::new(
         byte_limit(env, Knob::OneshotMax, d.oneshot_max())?,
@@ -193,8 +217,8 @@ pub fn timeout_ns_from_env(env: &EnvValues) -> Result<u64> {
     let Some(text) = env.get(knob) else {
         return timeout_ns(DEFAULT_TIMEOUT_S, knob.var());
     };
-    let seconds = text.trim().parse::<f64>().map_err(|_| knob.refuse(text))?;
-    timeout_ns(seconds, knob.var()).map_err(|_| knob.refuse(text))
+    let seconds = text.trim().parse::<f64>().map_err(|_| env.refuse(knob, text))?;
+    timeout_ns(seconds, knob.var()).map_err(|_| env.refuse(knob, text))
 }
 
 /// The two-shot transport from the environment: Some(push) or None for auto
@@ -208,14 +232,16 @@ pub fn twoshot_push_from_env(env: &EnvValues) -> Result<Option<bool>> {
         "0" => Ok(Some(false)),
         "1" => Ok(Some(true)),
         "auto" => Ok(None),
-        _ => Err(knob.refuse(text)),
+        _ => Err(env.refuse(knob, text)),
     }
 }
 
 /// The rank the set-up test hook fails, if set.
 pub fn fail_setup_rank_from_env(env: &EnvValues) -> Result<Option<u32>> {
     let knob = Knob::FailSetupRank;
-    env.get(knob).map(|text| text.trim().parse::<u32>().map_err(|_| knob.refuse(text))).transpose()
+    env.get(knob)
+        .map(|text| text.trim().parse::<u32>().map_err(|_| env.refuse(knob, text)))
+        .transpose()
 }
 
 #[cfg(test)]
@@ -237,6 +263,34 @@ mod tests {
         assert_eq!(timeout_ns_from_env(&e).unwrap(), 60_000_000_000);
         assert_eq!(twoshot_push_from_env(&e).unwrap(), None);
         assert_eq!(fail_setup_rank_from_env(&e).unwrap(), None);
+    }
+
+    #[test]
+    fn a_deprecated_name_is_read_where_the_name_is_unset_and_errors_name_it() {
+        let vars = [
+            ("VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE", "84 KX"),
+            ("B12X_ALLREDUCE_FUSED_MAX_SIZE", "72KB"),
+            ("VLLM_PCIE_ONESHOT_FUSED_ADD_RMS_NORM_MAX_SIZE", "1KB"),
+        ];
+        let lookup = |name: &str| {
+            Ok::<_, ()>(vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+        };
+        let e = EnvValues::read(&Knob::ALL, lookup).unwrap();
+        // the new name wins over the old one; the old one fills in where unset
+        assert_eq!(e.get(Knob::FusedMax), Some("72KB"));
+        assert_eq!(e.name(Knob::FusedMax), "B12X_ALLREDUCE_FUSED_MAX_SIZE");
+        assert_eq!(e.get(Knob::OneshotMax), Some("84 KX"));
+        let in_use: Vec<_> = e.deprecated_in_use().collect();
+        assert_eq!(
+            in_use,
+            [("VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE", "B12X_ALLREDUCE_ONESHOT_MAX_SIZE")]
+        );
+        // the error names the variable the user set
+        let msg = limits_from_env(&e).unwrap_err().to_string();
+        assert!(msg.contains("VLLM_PCIE_ONESHOT_ALLREDUCE_MAX_SIZE"), "{msg}");
+        // only the knobs asked for are read
+        let e = EnvValues::read(&[Knob::TimeoutS], lookup).unwrap();
+        assert_eq!(e.get(Knob::OneshotMax), None);
     }
 
     #[test]

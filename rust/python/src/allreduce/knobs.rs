@@ -12,9 +12,10 @@ use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple};
 use crate::collective::declaration::{real, repr};
 use crate::error::PyB12xResult;
 
-/// Reads `knobs` from `env` (a mapping; None: `os.environ`). A value that is
-/// not a string is an error naming its variable. A knob's deprecated name is
-/// read where its name is unset, and logged once per process with the new one.
+/// Reads `knobs` from `env` (a mapping; None: `os.environ`), each from its
+/// name or else its deprecated one (core's rule). A value that is not a
+/// string is an error naming its variable; a deprecated name in use is
+/// logged once per process with the new one.
 fn env_values(
     env: Option<&Bound<'_, PyAny>>,
     py: Python<'_>,
@@ -28,19 +29,10 @@ fn env_values(
             &os_environ
         }
     };
-    let mut values = EnvValues::default();
-    for &knob in only {
-        let mut name = knob.var();
-        let mut value = env.call_method1(intern!(py, "get"), (name,))?;
-        if let (true, Some(old)) = (value.is_none(), knob.deprecated_var()) {
-            value = env.call_method1(intern!(py, "get"), (old,))?;
-            if !value.is_none() {
-                name = old;
-                warn_deprecated_once(py, old, knob.var())?;
-            }
-        }
+    let values = EnvValues::read(only, |name| -> PyB12xResult<Option<String>> {
+        let value = env.call_method1(intern!(py, "get"), (name,))?;
         if value.is_none() {
-            continue;
+            return Ok(None);
         }
         let Ok(text) = value.cast::<PyString>() else {
             return Err(CoreError::InvalidValue {
@@ -51,20 +43,26 @@ fn env_values(
             }
             .into());
         };
-        values.set(knob, text.to_str()?);
+        Ok(Some(text.to_str()?.to_owned()))
+    })?;
+    for (old, new) in values.deprecated_in_use() {
+        warn_deprecated_once(py, old, new)?;
     }
     Ok(values)
 }
 
 /// One warning per deprecated name and process, on b12x's logger (which runs
-/// through vLLM's handlers inside vLLM).
+/// through vLLM's handlers inside vLLM). The lock is not held while logging:
+/// a handler may release the GIL or read the knobs again.
 fn warn_deprecated_once(py: Python<'_>, old: &'static str, new: &'static str) -> PyResult<()> {
     static WARNED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
-    if warned.contains(&old) {
-        return Ok(());
+    {
+        let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+        if warned.contains(&old) {
+            return Ok(());
+        }
+        warned.push(old);
     }
-    warned.push(old);
     let logger =
         py.import(intern!(py, "logging"))?.call_method1("getLogger", ("b12x.comm.pcie",))?;
     logger.call_method1(
