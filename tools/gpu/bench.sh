@@ -5,7 +5,8 @@
 # The indexer bench's stock vLLM peer needs the DeepGEMM bundle carried in .device/deepgemm
 # (tools/gpu/deepgemm_peer.py pack, here); without it those arms skip and say why.
 source "$(dirname "$0")/common.sh" "$@"
-source tools/gpu/site.sh
+# with the vLLM bundle and op library where carried: vLLM's own top-k then runs live
+VLLM=${VLLM:-1} source tools/gpu/site.sh
 step bench_extract 60 b12x bench extract --json "$RESULTS/extract.json"
 # DeepGEMM compiles its kernels with nvcc on first use: the first run takes minutes longer
 TAIL=40 step bench_indexer 480 b12x bench indexer --json "$RESULTS/indexer.json"

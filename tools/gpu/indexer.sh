@@ -4,7 +4,8 @@
 #   tools/gpu/indexer.sh [WHEEL]
 # The bench's stock vLLM peer comes from .device/deepgemm when carried (see bench.sh).
 source "$(dirname "$0")/common.sh" "$@"
-source tools/gpu/site.sh
+# with the vLLM bundle and op library where carried: vLLM's own top-k then runs live
+VLLM=${VLLM:-1} source tools/gpu/site.sh
 TAIL=12 step pytest_indexer 240 bash -c \
   'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
 step memcheck 120 compute-sanitizer --tool memcheck python3 tests/indexer/indexer_memcheck_case.py

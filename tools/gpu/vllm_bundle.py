@@ -61,7 +61,7 @@ ELF_MAGIC = b"\x7fELF"
 # load. Every other compiled library is imported inside try/except and is
 # simply absent here. The op library travels for real where its parts were
 # carried (vllm_ops_lib.py); its stand-in is written only when it did not.
-OPS_LIBRARY = "_C_stable_libtorch"
+OPS_LIBRARY = vllm_ops_lib.MODULE
 STAND_INS = {
     OPS_LIBRARY: "vLLM's compiled op library (92 MB), imported by vllm/platforms/cuda.py",
     "vllm_flash_attn/_vllm_fa2_C": "flash-attention 2 (308 MB); vllm/vllm_flash_attn/__init__.py "

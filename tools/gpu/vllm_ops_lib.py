@@ -33,9 +33,10 @@ import carry
 
 OPS_DIR = carry.DEVICE_DIR / "vllm-ops"
 MANIFEST = OPS_DIR / "vllm_ops.json"
-LIBRARY = "_C_stable_libtorch.abi3.so"
-# the first part rides beside the vLLM bundle, the DeepGEMM peer, two b12x
-# wheels and the tracked files; the second (the rest, 50 MiB) fills a call alone
+MODULE = "_C_stable_libtorch"  # vllm.<MODULE>
+LIBRARY = f"{MODULE}.abi3.so"
+# the first part rides beside the vLLM bundle, the DeepGEMM peer, the b12x
+# wheel and the tracked files; the second (the rest, 46.7 MiB) fills a call alone
 DEFAULT_PART_MIB = (14,)
 
 
