@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import sys
 
 import b12x
 import pytest
@@ -869,7 +870,10 @@ def test_a_slot_whose_vllm_half_failed_to_build_logs_no_second_error(monkeypatch
             raise RuntimeError("vLLM's own custom all-reduce failed to build")
 
     monkeypatch.setattr(communicator, "_stock_class", lambda: Refusing)
+    unraisable = []  # a __del__ that raises reaches this hook, not logging
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="failed to build"):
         communicator.B12xCustomAllreduce(group=Group(), device=CPU, device_group=object())
     gc.collect()
     assert "teardown" not in caplog.text and "Exception ignored" not in caplog.text
+    assert unraisable == []
