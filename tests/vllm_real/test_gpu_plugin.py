@@ -23,7 +23,7 @@ import indexer_support as s
 import pytest
 import torch
 from b12x.attention import dsa_indexer
-from b12x.integration.vllm import indexer_backend, indexer_hooks, plugin, speed_rule
+from b12x.integration.vllm import _once, indexer_backend, indexer_hooks, plugin, speed_rule
 from vllm.models.deepseek_v4.attention import DeepseekV4Attention
 from vllm.utils.import_utils import has_deep_gemm
 
@@ -134,7 +134,7 @@ def hooks(monkeypatch):
     # the rule set aside: what b12x does where it serves (the rule itself: above)
     monkeypatch.setattr(indexer_hooks, "_speed_reason", lambda capability: None)
     indexer_hooks.uninstall()
-    monkeypatch.setattr(indexer_hooks, "_LOGGED", set())
+    monkeypatch.setattr(_once, "LOGGED", set())
     yield indexer_hooks
     indexer_hooks.uninstall()
 

@@ -16,8 +16,8 @@ import logging
 import indexer_support as s
 import pytest
 import torch
+from b12x.integration.vllm import _once, indexer_hooks
 from b12x.integration.vllm import indexer_backend as backend
-from b12x.integration.vllm import indexer_hooks
 from b12x.integration.vllm.indexer import C4SparseIndexer
 from vllm.config import set_current_vllm_config
 from vllm.forward_context import set_forward_context
@@ -34,7 +34,7 @@ V32_WIDTH = V32_MAX_MODEL_LEN // s.V32_BLOCK
 def _clean(monkeypatch):
     s.use_cpu_kernels(monkeypatch)
     indexer_hooks.uninstall()
-    monkeypatch.setattr(indexer_hooks, "_LOGGED", set())
+    monkeypatch.setattr(_once, "LOGGED", set())
     yield
     indexer_hooks.uninstall()
 

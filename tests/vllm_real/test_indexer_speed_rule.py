@@ -14,7 +14,7 @@ from pathlib import Path
 
 import indexer_support as s
 import pytest
-from b12x.integration.vllm import indexer_hooks, speed_rule
+from b12x.integration.vllm import _once, indexer_hooks, speed_rule
 from vllm.utils.import_utils import has_deep_gemm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,7 @@ def test_stock_fast_path_is_vllms_own_check():
 def hooks(monkeypatch):
     s.use_cpu_kernels(monkeypatch)
     indexer_hooks.uninstall()
-    monkeypatch.setattr(indexer_hooks, "_LOGGED", set())
+    monkeypatch.setattr(_once, "LOGGED", set())
     yield indexer_hooks
     indexer_hooks.uninstall()
 

@@ -52,6 +52,7 @@ import torch
 from b12x.comm.pcie import FUSED, PLAIN, AllReduce, AllReduceCall, DeclaredPlans, Limits
 from b12x.comm.pcie.allreduce import decline
 from b12x.errors import ConfigError
+from b12x.integration.vllm._once import log_once
 
 __all__ = [
     "FUSED",
@@ -63,15 +64,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_logged: set[str] = set()
-
 
 def _log_once(level: int, message: str, *args: Any) -> None:
-    """Logs ``message % args`` the first time this process sees that text."""
-    text = message % args if args else message
-    if text not in _logged:
-        _logged.add(text)
-        logger.log(level, text)
+    """:func:`._once.log_once` on this module's logger (the communicator's too)."""
+    log_once(logger, level, message, *args)
 
 
 # --- the fused fallback ---------------------------------------------------------------

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from b12x.integration.vllm import patches
+from b12x.integration.vllm._once import log_once
 
 __all__ = [
     "accept",
@@ -36,14 +37,11 @@ __all__ = [
 
 log = logging.getLogger("b12x.integration.vllm")
 
-_LOGGED: set[str] = set()
 _last_decline: list[str] = []  # why the last install() said False
 
 
 def _log_once(reason: str) -> None:
-    if reason not in _LOGGED:
-        _LOGGED.add(reason)
-        log.info("b12x indexer not used: %s; vLLM's own indexer runs", reason)
+    log_once(log, logging.INFO, "b12x indexer not used: %s; vLLM's own indexer runs", reason)
 
 
 def _device_reason() -> str | None:

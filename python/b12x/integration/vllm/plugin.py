@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from b12x.errors import ConfigError
+from b12x.integration.vllm._once import log_once
 
 __all__ = [
     "COMPONENTS",
@@ -156,13 +157,10 @@ _NAME_CLASH = (
     "mean another package of the same name (GEMM, MoE and attention kernels for SM120); "
     "installing it replaces this b12x (both are the distribution 'b12x')"
 )
-_clash_logged: list[bool] = []
 
 
 def _log_name_clash_once() -> None:
-    if not _clash_logged:
-        _clash_logged.append(True)
-        logger.info(_NAME_CLASH)
+    log_once(logger, logging.INFO, _NAME_CLASH)
 
 
 def _install_indexer() -> str | None:
