@@ -41,11 +41,11 @@ def load(monkeypatch):
 
 @pytest.fixture
 def indexer_hooks(monkeypatch):
-    """The indexer half's ``install`` (another module of b12x), recording its calls."""
+    """The indexer half's ``install_reason`` (another module of b12x), recording its calls."""
     calls = []
     module = types.ModuleType(plugin.INDEXER_HOOKS)
     module.__spec__ = importlib.machinery.ModuleSpec(plugin.INDEXER_HOOKS, loader=None)
-    module.install = lambda vllm_config=None: calls.append(vllm_config) or True
+    module.install_reason = lambda vllm_config=None: calls.append(vllm_config) or None
     monkeypatch.setitem(sys.modules, plugin.INDEXER_HOOKS, module)
     return calls
 

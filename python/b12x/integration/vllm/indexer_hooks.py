@@ -28,16 +28,14 @@ from b12x.integration.vllm._once import log_once
 
 __all__ = [
     "accept",
-    "decline_reason",
     "install",
+    "install_reason",
     "installed",
     "uninstall",
     "unsupported_reason",
 ]
 
 log = logging.getLogger("b12x.integration.vllm")
-
-_last_decline: list[str] = []  # why the last install() said False
 
 
 def _log_once(reason: str) -> None:
@@ -138,7 +136,12 @@ def install(vllm_config: Any = None) -> bool:
         True when the hooks are in and nothing seen rules b12x out; False
         (the reason logged once) otherwise, with vLLM left as it was.
     """
-    _last_decline.clear()
+    return install_reason(vllm_config) is None
+
+
+def install_reason(vllm_config: Any = None) -> str | None:
+    """:func:`install`, answering why not: None when the hooks are in and
+    nothing seen rules b12x out, else the reason (logged once)."""
     reason = unsupported_reason(vllm_config)
     if reason is None and not patches.installed("indexer"):
         try:
@@ -149,14 +152,7 @@ def install(vllm_config: Any = None) -> bool:
             log.info("b12x indexer installed for DeepSeek V3.2 / V4 sparse attention")
     if reason is not None:
         _log_once(reason)
-        _last_decline.append(reason)
-        return False
-    return True
-
-
-def decline_reason() -> str | None:
-    """Why the last :func:`install` said False (None after one that said True)."""
-    return _last_decline[-1] if _last_decline else None
+    return reason
 
 
 def installed() -> bool:

@@ -164,16 +164,13 @@ def _log_name_clash_once() -> None:
 
 
 def _install_indexer() -> str | None:
-    """Calls the indexer hooks' ``install``; None when they are in, else why not."""
+    """Calls the indexer hooks' ``install_reason``: None when they are in, else why not."""
     if importlib.util.find_spec(INDEXER_HOOKS) is None:
         return f"this b12x has no indexer hooks ({INDEXER_HOOKS})"
     from vllm.config import get_current_vllm_config_or_none
 
     hooks = importlib.import_module(INDEXER_HOOKS)
-    if hooks.install(vllm_config=get_current_vllm_config_or_none()):
-        return None
-    reason = getattr(hooks, "decline_reason", lambda: None)()
-    return reason or "the indexer hooks declined to install"
+    return hooks.install_reason(vllm_config=get_current_vllm_config_or_none())
 
 
 def hide_from_vllm_b12x_detection() -> None:
