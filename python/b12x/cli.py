@@ -16,10 +16,10 @@ from b12x.errors import B12xError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from b12x import _core
+    from b12x import __version__
 
     parser = argparse.ArgumentParser(prog="b12x", description="b12x tools")
-    parser.add_argument("--version", action="version", version=f"b12x {_core.__version__}")
+    parser.add_argument("--version", action="version", version=f"b12x {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("doctor", help="versions, driver, GPUs, peer access, PTX load check")

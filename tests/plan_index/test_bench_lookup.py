@@ -100,6 +100,9 @@ def test_the_default_sweep_stops_at_4096_and_the_full_one_is_an_option():
     assert args.declarations is None and not args.full
     assert lookup.DEFAULT_N == (64, 512, 4096) and lookup.FULL_N[-1] == 65536
     assert build_parser().parse_args(["bench", "lookup", "--full"]).full
+    with pytest.raises(SystemExit) as exc:  # one or the other, never one silently dropped
+        build_parser().parse_args(["bench", "lookup", "--full", "--declarations", "4"])
+    assert exc.value.code == 2
 
 
 def test_progress_goes_to_stderr_one_line_per_arm(capsys):

@@ -41,20 +41,27 @@ def _on_cuda_platform() -> bool:
     return bool(current_platform.is_cuda())
 
 
+def _cpu_platform_file(path: Path) -> bool:
+    """A test file of this folder that runs on vLLM's CPU platform only."""
+    return (
+        path.parent == HERE
+        and path.name.startswith("test_")
+        and path.suffix == ".py"
+        and not path.name.startswith(GPU_FILES)
+    )
+
+
 def pytest_ignore_collect(collection_path, config):
     """On vLLM's CUDA platform the CPU-platform files are not even imported:
     they build CPU tensors, and their imports may need what the GPU host lacks."""
-    path = Path(collection_path).resolve()
-    if path.parent != HERE or not path.name.startswith("test_") or path.suffix != ".py":
-        return None
-    if path.name.startswith(GPU_FILES) or not _on_cuda_platform():
-        return None
-    return True
+    if _cpu_platform_file(Path(collection_path).resolve()) and _on_cuda_platform():
+        return True
+    return None
 
 
 def pytest_report_header(config):
     if _on_cuda_platform():
-        left = sorted(p.name for p in HERE.glob("test_*.py") if not p.name.startswith(GPU_FILES))
+        left = sorted(p.name for p in HERE.glob("test_*.py") if _cpu_platform_file(p))
         return [f"vLLM's CUDA platform: the {GPU_FILES}* files run; {len(left)} CPU-platform "
                 f"files left out ({', '.join(left)})"]  # fmt: skip
     return None

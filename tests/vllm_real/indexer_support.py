@@ -179,7 +179,7 @@ def index_cache_layers(cls: type, config: VllmConfig, names: Sequence[str], **kw
 
 
 def bind_packed_caches(
-    layers: Sequence[Any], config: VllmConfig, num_blocks: int, device: str = "cpu"
+    layers: Sequence[Any], config: VllmConfig, num_blocks: int, device: torch.device | str = "cpu"
 ) -> None:
     """Gives ``layers`` KV caches the way vLLM's allocator views them, block-outermost
     (``BLHNC``): block ``b`` holds every layer's page, so a layer's page stride

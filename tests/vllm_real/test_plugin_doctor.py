@@ -77,3 +77,7 @@ def test_doctor_says_why_the_indexer_would_not_be_used_here():
         )
     else:  # each GPU's row gives the speed rule's decision (test_gpu_plugin.py)
         assert "vLLM indexer with B12X_VLLM=indexer: " in out
+        from b12x.attention import dsa_indexer
+
+        if any(map(dsa_indexer.is_supported, range(torch.cuda.device_count()))):
+            assert "no GPU here the indexer kernels run on" not in out

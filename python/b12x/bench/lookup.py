@@ -43,14 +43,15 @@ SCAN_TARGET_DECLARATIONS = 4096
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    sizes = p.add_mutually_exclusive_group()  # --full with a list would drop one of them
+    sizes.add_argument(
         "--declarations",
         type=positive_int,
         nargs="+",
         default=None,
         help=f"numbers of declarations N (default: {' '.join(map(str, DEFAULT_N))})",
     )
-    p.add_argument(
+    sizes.add_argument(
         "--full", action="store_true", help=f"the full sweep, N = {' '.join(map(str, FULL_N))}"
     )
     p.add_argument("--iterations", type=positive_int, default=1000, help="calls per sample")

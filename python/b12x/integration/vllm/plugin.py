@@ -207,7 +207,8 @@ def indexer_not_here() -> str | None:
 
     if cuda.is_available() and any(map(dsa_indexer.is_supported, range(_core.device_count()))):
         return None
-    return "no GPU here the indexer kernels run on (FP8 MMA needs sm_89+)"
+    major, minor = _core.MIN_COMPUTE_CAPABILITY
+    return f"no GPU here the indexer kernels run on (FP8 MMA needs sm_{major}{minor}+)"
 
 
 def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
