@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from b12x._cli_args import positive_int
+from b12x._cli_args import Unavailable, positive_int
 from b12x._core import INDEXER_MMA_FLAVORS
 from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
 from b12x._core import INDEXER_PAGE_SIZE as PAGE
@@ -91,7 +91,18 @@ TABLE_COLUMNS = [
 ]
 
 
+def require_indexer_device(args: argparse.Namespace) -> None:
+    """The bench's preflight: a CUDA device the indexer kernels run on."""
+    import torch
+
+    from b12x.attention import dsa_indexer as di
+
+    if not torch.cuda.is_available() or not di.is_supported():
+        raise Unavailable("no supported CUDA device: nothing to measure")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.set_defaults(preflight=require_indexer_device)
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=sorted(CASES))
     p.add_argument("--iters", type=positive_int, default=50, help="timed replays per arm")
     p.add_argument(
@@ -288,10 +299,6 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters})
     result.columns = TABLE_COLUMNS
-    if not torch.cuda.is_available() or not di.is_supported():
-        result.notes.append("no supported CUDA device: nothing to measure")
-        result.ok = False
-        return result
     dev = torch.cuda.current_device()
     flush = l2_flusher(dev)
     env = peer_env(args, dev)
