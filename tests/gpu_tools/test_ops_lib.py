@@ -64,6 +64,16 @@ def test_a_missing_part_leaves_the_library_out_and_names_the_part(packed, tmp_pa
     assert "part-01.xz" in why and not (tmp_path / "site/vllm").exists()
 
 
+def test_a_stale_library_is_removed_when_the_new_one_cannot_be_installed(packed, tmp_path):
+    _, out = packed
+    stale = tmp_path / "site" / "vllm" / vllm_ops_lib.LIBRARY
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an older build")
+    (out / "part-01.xz").unlink()
+    assert "part-01.xz" in vllm_ops_lib.install(tmp_path / "site")
+    assert not stale.exists()  # the stand-in, not the old library, answers the import
+
+
 def test_an_altered_part_is_refused(packed, tmp_path):
     _, out = packed
     part = out / "part-00.xz"

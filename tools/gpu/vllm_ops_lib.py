@@ -111,14 +111,21 @@ def loads(path: Path) -> str:
 def install(site: Path, where: Path | None = None) -> str:
     """Puts the real library into ``site``'s vLLM from the parts in ``where``
     (default :data:`OPS_DIR`); '' when it is there and loads, else why it is
-    not (nothing is left behind then)."""
+    not (nothing is left behind then). A stamp of its sha256, written last,
+    says an earlier install of the same library finished (as carry's
+    unpack_once does for the bundles): then nothing is read again."""
     where = OPS_DIR if where is None else where
     if not (where / MANIFEST.name).is_file():
         return f"{where / MANIFEST.name} not carried"
     manifest = carry.read_manifest(where / MANIFEST.name)
     target = site / str(manifest["library"])
-    if target.is_file() and carry.sha256(target) == manifest["raw_sha256"]:
+    stamp = site / ".vllm_ops.sha256"
+    sha = str(manifest["raw_sha256"])
+    if target.is_file() and stamp.is_file() and stamp.read_text().strip() == sha:
         return ""
+    # another or a half-written library must not shadow the stand-in
+    target.unlink(missing_ok=True)
+    stamp.unlink(missing_ok=True)
     raw, why = join_parts(manifest, where)
     if raw is None:
         return why
@@ -128,6 +135,7 @@ def install(site: Path, where: Path | None = None) -> str:
     if why:
         target.unlink()
         return f"{target.name} does not load into this torch: {why}"
+    stamp.write_text(sha + "\n")
     return ""
 
 
