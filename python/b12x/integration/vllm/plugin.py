@@ -215,7 +215,8 @@ def status(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The plugin's state for ``b12x doctor``; never raises, never imports vLLM.
 
     Keys: ``entry_point`` (whether the installed b12x registers it with
-    vLLM), ``loaded`` (whether vLLM loads it: ``VLLM_PLUGINS``), ``vllm``
+    vLLM), ``vllm_plugins`` (the raw ``VLLM_PLUGINS``) and ``loaded`` (whether
+    vLLM loads the plugin by it), ``vllm``
     (installed vLLM version or None), ``switch`` (the raw ``B12X_VLLM``),
     ``components`` (sorted names it turns on) or ``error``, ``would_enable``
     (what each turns on), ``indexer_hooks`` (whether this b12x has them),
