@@ -271,7 +271,9 @@ SELECT_KERNEL(16)
 // state (histograms and counters, in the scratch) and this kernel reads it
 // only past pdl_wait, so nothing persists between calls. All G CTAs of a row
 // must be resident at once: the launcher keeps rows * G <= SMs at one CTA per
-// SM.
+// SM. (Its key loading, emission, ties and padding repeat select_cluster's:
+// one shared ThreadKeys is bench-results/h200/experiments/
+// select-dedupe-untested.patch, waiting for a GPU run.)
 #define SG_LEVELS 3
 #define SG_MAX_PARTS 128
 #define SG_ARRIVE (SG_LEVELS * SEL_BINS)  // barrier arrivals
