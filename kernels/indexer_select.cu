@@ -92,57 +92,64 @@ __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     return old;
 }
 
+// One thread's PER consecutive logits of a row as keys (0 past the row's
+// live length), and what emitting them needs.
 template <int PER>
-__device__ __forceinline__ void select_cluster(const SelectParams& p) {
-    __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
-    __shared__ u32 total_hist[SEL_BINS];
-    __shared__ u32 sums[SEL_WARPS];
-    __shared__ u32 slot_counter;  // rank 0's is the cluster's
-    __shared__ u32 found[2];      // the level's digit and the count above it
-
-    const u32 tid = threadIdx.x, lane = tid & 31;
-    const u32 rank = cluster_rank(), ranks = cluster_size();
-    const u32 row = blockIdx.y;
-    const u32 K = p.topk;
-    pdl_wait();  // launched as the scorer's dependent: its logits are complete past here
-    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
-    const u32 first = (rank * SEL_THREADS + tid) * PER;  // this thread's first position
-    const float* lrow = p.logits + (u64)row * p.logits_row_stride;
-
+struct ThreadKeys {
     u32 key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i += 4) {
-        const u32 pos = first + i;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
-        const float vs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
-    }
-    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
-    if (tid == 0) slot_counter = 0u;
-    const u32 counter = dsmem(&slot_counter, 0);
+    u32 first;  // the row position of key[0]
+    u32 row;
+    const float* lrow;
+    i32* out_i;
+    float* out_s;
 
-    i32* out_i = p.out_indices + (u64)row * K;
-    float* out_s = p.out_scores ? p.out_scores + (u64)row * K : nullptr;
-    // The bit mask of this thread's keys for which sel(i) holds.
-    auto mask_of = [&](auto&& sel) {
+    __device__ __forceinline__ ThreadKeys(const SelectParams& p, u32 r, u32 first_pos, u32 n)
+        : first(first_pos), row(r), lrow(p.logits + (u64)r * p.logits_row_stride),
+          out_i(p.out_indices + (u64)r * p.topk),
+          out_s(p.out_scores ? p.out_scores + (u64)r * p.topk : nullptr) {
+#pragma unroll
+        for (int i = 0; i < PER; i += 4) {
+            const u32 pos = first + i;
+            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
+            const float vs[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
+        }
+    }
+    // The bit mask of the keys i for which sel(key[i]) holds.
+    template <class Sel>
+    __device__ __forceinline__ u32 mask(Sel&& sel) const {
         u32 m = 0;
 #pragma unroll
-        for (int i = 0; i < PER; ++i) m |= sel(i) ? 1u << i : 0u;
+        for (int i = 0; i < PER; ++i) m |= sel(key[i]) ? 1u << i : 0u;
         return m;
-    };
-    // Writes the positions of `m` to output slots from the cluster's counter
-    // (one atomic per warp).
-    auto emit = [&](u32 m) {
+    }
+    __device__ __forceinline__ u32 count(u32 k) const { return __popc(mask([&](u32 x) { return x == k; })); }
+    // The keys equal to `k` among the first `take` of the row's, given
+    // `ahead` of them in lower positions (ascending, the lowest indices).
+    __device__ __forceinline__ u32 first_equal(u32 k, u32 ahead, u32 take) const {
+        u32 seen = ahead, m = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (key[i] == k) {
+                m |= seen < take ? 1u << i : 0u;
+                ++seen;
+            }
+        }
+        return m;
+    }
+    // Writes the positions of `m` to output slots; lane 31 claims the warp's
+    // with claim(count), which returns the first (one atomic per warp).
+    template <class Claim>
+    __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
         const u32 mine = __popc(m);
         const u32 incl = warp_inclusive_sum(mine);
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
+        if (warp_total == 0) return;
         u32 base = 0;
-        if (warp_total != 0) {
-            if (lane == 31) base = dsmem_add(counter, warp_total);
-            base = __shfl_sync(0xffffffffu, base, 31);
-        }
+        if ((threadIdx.x & 31) == 31) base = claim(warp_total);
+        base = __shfl_sync(0xffffffffu, base, 31);
         u32 slot = base + incl - mine;
         for (; m != 0; m &= m - 1, ++slot) {
             const u32 pos = first + (__ffs(m) - 1);
@@ -154,7 +161,38 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
             out_i[slot] = idx;
             if (out_s) out_s[slot] = lrow[pos];
         }
-    };
+    }
+    // Slots from..K-1 (fewer candidates than K): -1 / -inf, slot s by the
+    // thread at s - from - start modulo stride.
+    __device__ __forceinline__ void pad(u32 from, u32 start, u32 stride, u32 K) const {
+        for (u32 s = from + start; s < K; s += stride) {
+            out_i[s] = -1;
+            if (out_s) out_s[s] = b12x_neg_inf();
+        }
+    }
+};
+
+template <int PER>
+__device__ __forceinline__ void select_cluster(const SelectParams& p) {
+    __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
+    __shared__ u32 total_hist[SEL_BINS];
+    __shared__ u32 sums[SEL_WARPS];
+    __shared__ u32 slot_counter;  // rank 0's is the cluster's
+    __shared__ u32 found[2];      // the level's digit and the count above it
+
+    const u32 tid = threadIdx.x;
+    const u32 rank = cluster_rank(), ranks = cluster_size();
+    const u32 row = blockIdx.y;
+    const u32 K = p.topk;
+    pdl_wait();  // launched as the scorer's dependent: its logits are complete past here
+    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
+    const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
+    const u32* key = t.key;
+    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
+    if (tid == 0) slot_counter = 0u;
+    const u32 counter = dsmem(&slot_counter, 0);
+    // Output slots from the counter in rank 0's shared memory.
+    auto emit = [&](u32 m) { t.emit(p, m, [&](u32 c) { return dsmem_add(counter, c); }); };
 
     cluster_sync();  // zeroed histograms and counter before any CTA counts or adds
     u32 prefix = 0, pmask = 0, need = K, total = 0;
@@ -210,36 +248,22 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
 
     if (total <= K) {
         // Every candidate, then the padding.
-        emit(mask_of([&](int i) { return key[i] != 0u; }));
-        for (u32 s = total + rank * SEL_THREADS + tid; s < K; s += ranks * SEL_THREADS) {
-            out_i[s] = -1;
-            if (out_s) out_s[s] = b12x_neg_inf();
-        }
+        emit(t.mask([](u32 x) { return x != 0u; }));
+        t.pad(total, rank * SEL_THREADS + tid, ranks * SEL_THREADS, K);
     } else {
         // `prefix` is the k-th key: every key above it, then `need` of its
         // ties, the lowest indices. (Emitting each level's keys as the level
         // found them put global stores before every cluster barrier.) The
         // last level's histogram (parity 0) counts the ties per rank.
-        emit(mask_of([&](int i) { return key[i] > prefix; }));
+        emit(t.mask([&](u32 x) { return x > prefix; }));
         const u32 d = prefix & 1023u;
         u32 before = 0;
         for (u32 r = 0; r < rank; ++r) before += dsmem_load(dsmem(&hist[0][d], r));
         const u32 here = hist[0][d];
         const u32 take = need > before ? min(need - before, here) : 0u;
-        u32 mine = 0;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
         u32 all;
-        const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
-        u32 seen = ahead, m = 0;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            if (key[i] == prefix) {
-                m |= seen < take ? 1u << i : 0u;
-                ++seen;
-            }
-        }
-        emit(m);
+        const u32 ahead = block_exclusive_sum<SEL_THREADS>(t.count(prefix), sums, all);
+        emit(t.first_equal(prefix, ahead, take));
     }
     cluster_sync();  // no CTA leaves while another may still read its shared memory
 }
@@ -304,57 +328,17 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     __shared__ u32 sums[SEL_WARPS];
     __shared__ u32 found[3];  // the level's digit, the count above it, its own count
 
-    const u32 tid = threadIdx.x, lane = tid & 31;
+    const u32 tid = threadIdx.x;
     const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
     const u32 K = p.topk;
     u32* st = p.state + (u64)row * SG_STATE_WORDS;
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
     pdl_wait();  // the scorer's logits and its zeroing of `st` are complete past here
     const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
-    const u32 first = (part * SEL_THREADS + tid) * PER;
-    const float* lrow = p.logits + (u64)row * p.logits_row_stride;
-
-    u32 key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i += 4) {
-        const u32 pos = first + i;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
-        const float vs[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
-    }
-
-    i32* out_i = p.out_indices + (u64)row * K;
-    float* out_s = p.out_scores ? p.out_scores + (u64)row * K : nullptr;
-    auto mask_of = [&](auto&& sel) {
-        u32 m = 0;
-#pragma unroll
-        for (int i = 0; i < PER; ++i) m |= sel(i) ? 1u << i : 0u;
-        return m;
-    };
-    // Writes the positions of `m` to output slots from the row's counter
-    // (one atomic per warp).
-    auto emit = [&](u32 m) {
-        const u32 mine = __popc(m);
-        const u32 incl = warp_inclusive_sum(mine);
-        const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
-        if (warp_total == 0) return;
-        u32 base = 0;
-        if (lane == 31) base = atomicAdd(&st[SG_SLOTS], warp_total);
-        base = __shfl_sync(0xffffffffu, base, 31);
-        u32 slot = base + incl - mine;
-        for (; m != 0; m &= m - 1, ++slot) {
-            const u32 pos = first + (__ffs(m) - 1);
-            i32 idx = (i32)pos;
-            if (p.physical) {
-                const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
-                idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
-            }
-            out_i[slot] = idx;
-            if (out_s) out_s[slot] = lrow[pos];
-        }
-    };
+    const ThreadKeys<PER> t(p, row, (part * SEL_THREADS + tid) * PER, n);
+    const u32* key = t.key;
+    // Output slots from the row's counter.
+    auto emit = [&](u32 m) { t.emit(p, m, [&](u32 c) { return atomicAdd(&st[SG_SLOTS], c); }); };
 
     u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
     // Levels: digits of bits 31..21, 20..10, 9..0.
@@ -407,23 +391,17 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
 
     if (total <= K) {
         // Every candidate, then the padding.
-        emit(mask_of([&](int i) { return key[i] != 0u; }));
-        for (u32 s = total + part * SEL_THREADS + tid; s < K; s += parts * SEL_THREADS) {
-            out_i[s] = -1;
-            if (out_s) out_s[s] = b12x_neg_inf();
-        }
+        emit(t.mask([](u32 x) { return x != 0u; }));
+        t.pad(total, part * SEL_THREADS + tid, parts * SEL_THREADS, K);
         return;
     }
     // `prefix` is the k-th key: every key above it goes in, and `need` of the
     // `ties` keys equal to it. When that is all of them every CTA takes its
     // own; otherwise the lowest indices: CTAs hold ascending ranges, so each
     // learns how many the lower ones hold (one more barrier).
-    emit(mask_of([&](int i) { return key[i] > prefix; }));
-    u32 mine = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) mine += key[i] == prefix ? 1u : 0u;
+    emit(t.mask([&](u32 x) { return x > prefix; }));
     u32 count;
-    const u32 ahead = block_exclusive_sum<SEL_THREADS>(mine, sums, count);
+    const u32 ahead = block_exclusive_sum<SEL_THREADS>(t.count(prefix), sums, count);
     u32 take = count;
     if (need < ties) {
         if (tid == 0) st[SG_TIES + part] = count;
@@ -433,15 +411,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         (void)block_exclusive_sum<SEL_THREADS>(lower, sums, all_lower);
         take = need > all_lower ? min(need - all_lower, count) : 0u;
     }
-    u32 seen = ahead, m = 0;
-#pragma unroll
-    for (int i = 0; i < PER; ++i) {
-        if (key[i] == prefix) {
-            m |= seen < take ? 1u << i : 0u;
-            ++seen;
-        }
-    }
-    emit(m);
+    emit(t.first_equal(prefix, ahead, take));
 }
 
 #define GRID_SELECT_KERNEL(PER)                                                         \
