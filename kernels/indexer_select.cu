@@ -125,7 +125,13 @@ struct ThreadKeys {
         for (int i = 0; i < PER; ++i) m |= sel(key[i]) ? 1u << i : 0u;
         return m;
     }
-    __device__ __forceinline__ u32 count(u32 k) const { return __popc(mask([&](u32 x) { return x == k; })); }
+    // How many of the keys equal `k`.
+    __device__ __forceinline__ u32 count(u32 k) const {
+        u32 c = 0;
+#pragma unroll
+        for (int i = 0; i < PER; ++i) c += key[i] == k ? 1u : 0u;
+        return c;
+    }
     // The keys equal to `k` among the first `take` of the row's, given
     // `ahead` of them in lower positions (ascending, the lowest indices).
     __device__ __forceinline__ u32 first_equal(u32 k, u32 ahead, u32 take) const {
@@ -146,10 +152,11 @@ struct ThreadKeys {
         const u32 mine = __popc(m);
         const u32 incl = warp_inclusive_sum(mine);
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
-        if (warp_total == 0) return;
         u32 base = 0;
-        if ((threadIdx.x & 31) == 31) base = claim(warp_total);
-        base = __shfl_sync(0xffffffffu, base, 31);
+        if (warp_total != 0) {
+            if ((threadIdx.x & 31) == 31) base = claim(warp_total);
+            base = __shfl_sync(0xffffffffu, base, 31);
+        }
         u32 slot = base + incl - mine;
         for (; m != 0; m &= m - 1, ++slot) {
             const u32 pos = first + (__ffs(m) - 1);
