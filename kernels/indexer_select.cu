@@ -45,6 +45,7 @@ struct SelectParams {
     u32 pages;  // pages of the K cache, min(shape[0], 2^31)
     u32 pad_;
     u32* state;  // the grid selection's cross-CTA state, SG_STATE_WORDS per row (zeroed by the scorer)
+    u64* cand;   // the grid selection's candidates, SG_CAND_CAP per row (never read before written)
 };
 
 // Order-preserving key of a candidate's logit, never 0: NaN 1 (below -inf,
@@ -145,10 +146,10 @@ struct ThreadKeys {
         }
         return m;
     }
-    // Writes the positions of `m` to output slots; lane 31 claims the warp's
-    // with claim(count), which returns the first (one atomic per warp).
-    template <class Claim>
-    __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
+    // Calls store(slot, i) for each key i of `m`; lane 31 claims the warp's
+    // slots with claim(count), which returns the first (one atomic per warp).
+    template <class Claim, class Store>
+    __device__ __forceinline__ void each(u32 m, Claim&& claim, Store&& store) const {
         const u32 mine = __popc(m);
         const u32 incl = warp_inclusive_sum(mine);
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
@@ -158,16 +159,23 @@ struct ThreadKeys {
             base = __shfl_sync(0xffffffffu, base, 31);
         }
         u32 slot = base + incl - mine;
-        for (; m != 0; m &= m - 1, ++slot) {
-            const u32 pos = first + (__ffs(m) - 1);
-            i32 idx = (i32)pos;
-            if (p.physical) {
-                const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
-                idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
-            }
-            out_i[slot] = idx;
-            if (out_s) out_s[slot] = lrow[pos];
+        for (; m != 0; m &= m - 1, ++slot) store(slot, (u32)(__ffs(m) - 1));
+    }
+    // Output slot `slot` gets row position `pos` (as a K-cache row when the
+    // output is physical) and its logit.
+    __device__ __forceinline__ void put(const SelectParams& p, u32 slot, u32 pos) const {
+        i32 idx = (i32)pos;
+        if (p.physical) {
+            const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
+            idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
         }
+        out_i[slot] = idx;
+        if (out_s) out_s[slot] = lrow[pos];
+    }
+    // Writes the positions of `m` to output slots from claim(count).
+    template <class Claim>
+    __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
+        each(m, claim, [&](u32 slot, u32 i) { put(p, slot, first + i); });
     }
     // Slots from..K-1 (fewer candidates than K): -1 / -inf, slot s by the
     // thread at s - from - start modulo stride.
@@ -291,27 +299,42 @@ SELECT_KERNEL(16)
 // A cluster holds at most 8 SMs (16 measured slower), and one row's selection
 // on 8 SMs is a chain of CTA barriers over 16 keys per thread: 21 us for
 // 131072 logits on one H200 while 124 SMs idle. Here G CTAs (4 to 128) split
-// the row instead and agree on the k-th key by the same radix select over
-// 11 + 11 + 10 bits: each level, every CTA histograms the digit of its keys
-// that match the prefix so far in shared memory, adds the nonzero counts to
-// the row's global histogram of the level, and waits at the row's barrier
-// (one counter, G arrivals a level); then every CTA reads the sums from L2 and
-// finds the same digit. Once the k-th key is known, every key above it is
-// emitted (slots from the row's global counter), then the ties the k-th key
-// needs, lowest indices first. The scorer before this kernel zeroed the row's
-// state (histograms and counters, in the scratch) and this kernel reads it
-// only past pdl_wait, so nothing persists between calls. All G CTAs of a row
-// must be resident at once: the launcher keeps rows * G <= SMs at one CTA per
-// SM. (Its key loading, emission, ties and padding repeat select_cluster's:
-// one shared ThreadKeys is bench-results/h200/experiments/
-// select-dedupe-untested.patch, waiting for a GPU run.)
+// the row instead. They agree on the k-th key's top 11 bits first: every CTA
+// histograms that digit of its keys in shared memory, adds the nonzero counts
+// to the row's global histogram, and waits at the row's barrier (one counter,
+// G arrivals); then every CTA reads the sums from L2 and finds the same digit
+// d, with `above` keys in higher bins and `ties` in bin d.
+//
+// Usually bin d is small (a few hundred keys of 131072: the top of a row is
+// its sparse tail). Then every CTA emits its keys above d (slots from the
+// row's global counter), appends those in d to the row's candidates, and
+// counts itself done; the row's last CTA picks the K - above best candidates
+// by a radix select in shared memory over (key, lowest index first), without
+// another row barrier. (The round before had three barriers of about 2 us
+// each: bench-results/h200/indexer-round10-notes.md.)
+//
+// When bin d holds more than SG_CAND_CAP keys (many equal logits), the row
+// goes on as before: two more levels of 11 and 10 bits give the k-th key
+// exactly, every key above it is emitted, then the ties it needs, lowest
+// indices first (one more barrier, and only when some ties are left out).
+//
+// The scorer before this kernel zeroed the row's state (histograms and
+// counters, in the scratch) and this kernel reads it only past pdl_wait, so
+// nothing persists between calls. All G CTAs of a row must be resident at
+// once: the launcher keeps rows * G <= SMs, and the candidates' dynamic
+// shared memory (more than half an SM's) keeps one CTA per SM; at 32
+// registers two fitted, which measured 2 us slower.
 #define SG_LEVELS 3
 #define SG_MAX_PARTS 128
 #define SG_ARRIVE (SG_LEVELS * SEL_BINS)  // barrier arrivals
 #define SG_SLOTS (SG_ARRIVE + 1)          // output slots taken
+#define SG_DONE (SG_ARRIVE + 2)           // CTAs done with the candidates
+#define SG_CANDS (SG_ARRIVE + 3)          // candidates appended
 #define SG_TIES (SG_ARRIVE + 128)         // per-CTA counts of the k-th key
 #define SG_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
+#define SG_CAND_CAP 14336  // rust/core SELECT_CANDIDATES; x 8 bytes of dynamic shared memory
+#define SG_CAND_LEVELS 5   // (key bits 20..0, ~index) in digits of 11, 10, 11, 11, 10 bits
 
 // Waits until `target` arrivals (every CTA of the row, once per barrier so
 // far) at the row's counter: this CTA's global writes and atomics before it
@@ -329,11 +352,53 @@ __device__ __forceinline__ void row_barrier(u32* arrive, u32 target) {
     __syncthreads();
 }
 
+// Whether this CTA is the last of `parts` to arrive at `done`; the others'
+// global writes before their arrival happen before its reads after it.
+__device__ __forceinline__ bool last_to_arrive(u32* done, u32 parts, u32* flag) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 old;
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(done) : "memory");
+        *flag = old == parts - 1;
+    }
+    __syncthreads();
+    return *flag != 0u;
+}
+
+// The digit whose bin holds the need-th count from the top (bins descending
+// over threads, one or two a thread): found = {digit, count above it, its
+// count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
+// counts' total (1 <= need <= total, or no digit is found).
+template <class Counts, class Need>
+__device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
+                                           u32* found) {
+    const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+    const u32 top = bins - 1 - threadIdx.x * per_bins;
+    u32 c[2];
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
+    u32 all;
+    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
+    const u32 need = need_of(all);
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) {
+        if (j < per_bins && above < need && above + c[j] >= need) {
+            found[0] = top - j;
+            found[1] = above;
+            found[2] = c[j];
+        }
+        above += c[j];
+    }
+    __syncthreads();
+}
+
 template <int PER>
 __device__ __forceinline__ void select_grid(const SelectParams& p) {
+    extern __shared__ u64 pool[];   // the last CTA's copy of the candidates
     __shared__ u32 hist[SEL_BINS];  // this CTA's counts of the level
     __shared__ u32 sums[SEL_WARPS];
     __shared__ u32 found[3];  // the level's digit, the count above it, its own count
+    __shared__ u32 flag;
 
     const u32 tid = threadIdx.x;
     const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
@@ -344,11 +409,13 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
     const ThreadKeys<PER> t(p, row, (part * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
-    // Output slots from the row's counter.
-    auto emit = [&](u32 m) { t.emit(p, m, [&](u32 c) { return atomicAdd(&st[SG_SLOTS], c); }); };
+    auto slots = [&](u32 c) { return atomicAdd(&st[SG_SLOTS], c); };  // the row's output slots
+    auto emit = [&](u32 m) { t.emit(p, m, slots); };
 
     u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
-    // Levels: digits of bits 31..21, 20..10, 9..0.
+    bool gather = false;
+    // Levels: digits of bits 31..21, 20..10, 9..0 (the last two only when
+    // the first's bin is too big to gather).
 #pragma unroll
     for (int level = 0; level < SG_LEVELS; ++level) {
         const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
@@ -366,40 +433,80 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
             hist[b] = 0u;  // for the next level (past this level's barrier)
         }
         row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
-        // The row's counts, bins descending over threads: the k-th key's
-        // digit is where the count from the top reaches `need`.
-        const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
-        const u32 top = bins - 1 - tid * per_bins;
-        u32 c[2];
-#pragma unroll
-        for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? __ldcg(&gh[top - j]) : 0u;
-        u32 all;
-        u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
-        if (level == 0) {
-            total = all;
-            need = min(K, total);
-        }
-        if (need == 0 || (level == 0 && total <= K)) break;  // uniform over the row
-#pragma unroll
-        for (u32 j = 0; j < 2; ++j) {
-            if (j < per_bins && above < need && above + c[j] >= need) {
-                found[0] = top - j;
-                found[1] = above;
-                found[2] = c[j];
-            }
-            above += c[j];
-        }
-        __syncthreads();
+        find_digit(bins, [&](u32 b) { return __ldcg(&gh[b]); },
+                   [&](u32 all) {
+                       if (level == 0) {
+                           total = all;
+                           need = min(K, total);
+                       }
+                       return need;
+                   },
+                   sums, found);
+        if (level == 0 && total <= K) break;  // uniform over the row: every candidate goes in
         need -= found[1];
         ties = found[2];
         prefix |= found[0] << shift;
         pmask |= (bins - 1) << shift;
+        if (level == 0 && ties <= SG_CAND_CAP) {
+            gather = true;
+            break;
+        }
     }
 
     if (total <= K) {
         // Every candidate, then the padding.
         emit(t.mask([](u32 x) { return x != 0u; }));
         t.pad(total, part * SEL_THREADS + tid, parts * SEL_THREADS, K);
+        return;
+    }
+    if (gather) {
+        // Keys above bin d go in; those in it (candidates as (key, ~index),
+        // the larger the better) wait for the row's last CTA.
+        const u32 d = prefix >> 21;
+        u64* cand = p.cand + (u64)row * SG_CAND_CAP;
+        emit(t.mask([&](u32 x) { return (x >> 21) > d; }));
+        t.each(t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
+               [&](u32 c) { return atomicAdd(&st[SG_CANDS], c); },
+               [&](u32 slot, u32 i) {
+                   // the key again from its logit: key[i] at a run-time i would put key[] in local memory
+                   const u32 pos = t.first + i;
+                   cand[slot] = (u64)sel_key(t.lrow[pos]) << 32 | (u32)~pos;
+               });
+        if (!last_to_arrive(&st[SG_DONE], parts, &flag)) return;
+        for (u32 i = tid; i < ties; i += SEL_THREADS) pool[i] = __ldcg(&cand[i]);
+        // `need` of the `ties` candidates: a radix select over the bits below
+        // the digit (every candidate shares it) until a bin holds exactly the
+        // ones still needed; (key, ~index) is unique, so the last digit does.
+        u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
+#pragma unroll 1
+        for (int lv = 0; lv < SG_CAND_LEVELS; ++lv) {
+            const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
+            const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
+            __syncthreads();  // the pool copied, `hist` cleared
+            for (u32 i = tid; i < ties; i += SEL_THREADS) {
+                const u64 v = pool[i];
+                if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
+            }
+            __syncthreads();
+            find_digit(bins,
+                       [&](u32 b) {
+                           const u32 c = hist[b];
+                           hist[b] = 0u;  // only this thread reads bin b
+                           return c;
+                       },
+                       [&](u32) { return need; }, sums, found);
+            need -= found[1];
+            cprefix |= (u64)found[0] << shift;
+            cmask |= (u64)(bins - 1) << shift;
+            if (found[2] == need) break;  // uniform: the whole bin is taken
+        }
+        // Every candidate at or above the bin: exactly the ones needed.
+        for (u32 b = 0; b < ties; b += SEL_THREADS) {
+            const u32 i = b + tid;
+            const u64 v = i < ties ? pool[i] : 0u;
+            const u32 m = i < ties && (v & cmask) >= cprefix ? 1u : 0u;
+            t.each(m, slots, [&](u32 slot, u32) { t.put(p, slot, ~(u32)v); });
+        }
         return;
     }
     // `prefix` is the k-th key: every key above it goes in, and `need` of the

@@ -233,8 +233,9 @@ def test_negative_weights_and_nan_logits(supertile):
 # most 4 rows: the widest cluster the launcher picks.
 @pytest.mark.parametrize("width", [600, 2048])
 def test_one_chunk_selection_edge_cases(width):
-    # the one-chunk selection (a cluster per row on sm_90): NaN logits selected
-    # when the numbers run out, +-0 ties, every logit equal across a long row
+    # the one-chunk selection (on sm_90 a cluster per row, or for 2048 pages
+    # a grid of CTAs per row): NaN logits selected when the numbers run out,
+    # +-0 ties, every logit equal across a long row
     rows = 4
     lengths = [600, width * PAGE, width * PAGE - 5, 0]
     inputs = make_case(rows, 16, width, lengths, seed=47)
@@ -248,11 +249,18 @@ def test_one_chunk_selection_edge_cases(width):
         pid = int(inputs["page_table"][2, c])
         cache[pid, :8192] = cache[src, :128].repeat(64)
         cache[pid, 8192 : ref.PAGE_BYTES] = cache[src, 8192:8196].repeat(64)
+    for c in range(10, 57):  # row 1: 3008 logits of +-0 (scale 0) on top of the row's
+        cache[int(inputs["page_table"][1, c]), 8192 : ref.PAGE_BYTES] = 0
+    logits = ref.paged_logits(**inputs)
+    zeros = torch.nonzero(logits[1, : lengths[1]] == 0).flatten().tolist()
+    assert len(zeros) >= 3008 and bool((logits[1, : lengths[1]] <= 0).all())
     for topk in (512, 2048):
         plan, out, sc = run_case(inputs, topk)
         assert plan.max_chunks == 1
         check(inputs, topk, out, sc)
         assert sorted(out[2].tolist()) == list(range(topk))  # ties: the lowest positions
+        # more ties than slots in the k-th key's bin (the grid selection's candidates)
+        assert sorted(out[1].tolist()) == zeros[:topk]
         assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
         assert bool((out[3] == -1).all())
 

@@ -145,6 +145,7 @@ REGIONS = [
     "carry_indices",
     "partial_values",
     "partial_indices",
+    "select_candidates",
     "row_state",
 ]
 
@@ -153,7 +154,7 @@ def test_layout_regions_are_aligned_ordered_and_typed():
     p = di.plan(caps(max_q_rows=3, max_page_table_width=16, supertile_tokens=512))
     layout = p.layout
     assert list(layout) == REGIONS == list(layout.keys())
-    assert len(layout) == 6 and "logits" in layout and "nope" not in layout
+    assert len(layout) == 7 and "logits" in layout and "nope" not in layout
     expect = {
         "logits": (torch.float32, (3, 512)),
         "carry_values": (torch.float32, (2, 3, 512)),
@@ -161,6 +162,8 @@ def test_layout_regions_are_aligned_ordered_and_typed():
         # one top-k slice (a CPU plan has one "SM"): no partial lists
         "partial_values": (torch.float32, (0,)),
         "partial_indices": (torch.int32, (0,)),
+        # only plans that may run the grid selection gather its candidates
+        "select_candidates": (torch.int64, (0,)),
         "row_state": (torch.int32, (3, 16)),
     }
     end = 0

@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use b12x_core::indexer::{
     Binding, IndexSpace, MmaFlavor, PageFault, Plan, RegionId, Route, Stages,
     GRID_SELECT_MIN_PARTS, HEAD_DIM, MAX_HEADS, PAGE_BYTES, PAGE_SIZE, SCALE_OFFSET,
-    SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK, TMA_MAX_ROW_BLOCKS,
+    SELECT_CANDIDATES, SELECT_STATE_WORDS, STATUS_WORDS, SUPERTILE_QUANTUM, SUPPORTED_TOPK, TMA_MAX_ROW_BLOCKS,
     TMA_PREFILL_BLOCK_ROWS,
 };
 use b12x_core::Device;
@@ -163,8 +163,10 @@ struct SelectParams {
     physical: u32,
     pages: u32,
     pad: u32,
-    /// The grid selection's row state (unused by the cluster selection).
+    /// The grid selection's row state and candidates (unused by the cluster
+    /// selection).
     state: u64,
+    cand: u64,
 }
 
 /// Threads of a cluster-selection CTA and the most logits each holds.
@@ -193,6 +195,12 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
 /// (The fewest is `GRID_SELECT_MIN_PARTS`, in core: the plan sizes the row
 /// state by it.)
 const GRID_SELECT_MAX_PARTS: u32 = 128;
+
+/// Dynamic shared memory of a grid-selection CTA: the row's last CTA copies
+/// the candidates there. More than half of a Hopper SM's 228 KiB, it also
+/// keeps the grid at one CTA per SM (two fitted at 32 registers, and measured
+/// 2 us slower for one row of 131072 logits).
+const GRID_SELECT_SHARED_BYTES: u32 = SELECT_CANDIDATES as u32 * 8;
 
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
@@ -831,6 +839,7 @@ pub unsafe fn launch_indexer(
                 pages,
                 pad: 0,
                 state,
+                cand: b.region_address(RegionId::SelectCandidates),
             };
             // Either starts while the scorer drains (the scorer signals at its
             // start; the selection waits for its logits in griddepcontrol.wait).
@@ -841,7 +850,11 @@ pub unsafe fn launch_indexer(
                         unsafe { memset_u32(a.device, state, zero_words, stream)? };
                     }
                     let grid = (parts, a.rows, 1);
-                    (grid_select_kernel(per), select_config(grid, 1))
+                    let cfg = LaunchConfig {
+                        shared_bytes: GRID_SELECT_SHARED_BYTES,
+                        ..select_config(grid, 1)
+                    };
+                    (grid_select_kernel(per), cfg)
                 }
                 None => {
                     let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
@@ -943,6 +956,7 @@ mod tests {
             ("HP_MAX_BLOCKS", TMA_MAX_ROW_BLOCKS as u64),
             ("SEL_THREADS", SELECT_THREADS as u64),
             ("SG_STATE_WORDS", SELECT_STATE_WORDS),
+            ("SG_CAND_CAP", SELECT_CANDIDATES),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
             ("SEL_BINS", 2048),
         ] {
@@ -963,7 +977,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
         assert_eq!(std::mem::size_of::<HopperParams>(), 512);
         assert_eq!(std::mem::align_of::<HopperParams>(), 64);
-        assert_eq!(std::mem::size_of::<SelectParams>(), 9 * 8 + 6 * 4);
+        assert_eq!(std::mem::size_of::<SelectParams>(), 10 * 8 + 6 * 4);
     }
 
     #[test]

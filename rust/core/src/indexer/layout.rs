@@ -7,7 +7,7 @@
 
 use arrayvec::ArrayVec;
 
-use super::SELECT_STATE_WORDS;
+use super::{SELECT_CANDIDATES, SELECT_STATE_WORDS};
 use crate::error::{Error, Result};
 use crate::tensor::DType;
 
@@ -31,6 +31,9 @@ pub enum RegionId {
     PartialValues,
     /// i32 [rows, topk_slices, topk]: their logical indices.
     PartialIndices,
+    /// i64 [rows, SELECT_CANDIDATES]: the grid selection's candidates, in
+    /// plans that hold its row state (empty otherwise).
+    SelectCandidates,
     /// i32 [rows, words]: kernel-private per-row state; plans that may run
     /// the grid selection hold its `SELECT_STATE_WORDS` (`Plan::
     /// grid_select_state`), others 16 words.
@@ -39,12 +42,13 @@ pub enum RegionId {
 
 impl RegionId {
     pub const COUNT: usize = REGIONS.len();
-    pub const ALL: [RegionId; 6] = [
+    pub const ALL: [RegionId; 7] = [
         RegionId::Logits,
         RegionId::CarryValues,
         RegionId::CarryIndices,
         RegionId::PartialValues,
         RegionId::PartialIndices,
+        RegionId::SelectCandidates,
         RegionId::RowState,
     ];
 }
@@ -93,7 +97,7 @@ fn partial_shape(g: &LayoutInput) -> RegionShape {
     }
 }
 
-pub const REGIONS: [RegionSpec; 6] = [
+pub const REGIONS: [RegionSpec; 7] = [
     RegionSpec {
         id: RegionId::Logits,
         name: "logits",
@@ -123,6 +127,12 @@ pub const REGIONS: [RegionSpec; 6] = [
         name: "partial_indices",
         dtype: DType::I32,
         shape: partial_shape,
+    },
+    RegionSpec {
+        id: RegionId::SelectCandidates,
+        name: "select_candidates",
+        dtype: DType::I64,
+        shape: |g| if g.grid_select_state { dims([g.rows, SELECT_CANDIDATES]) } else { dims([0]) },
     },
     RegionSpec {
         id: RegionId::RowState,
@@ -254,7 +264,7 @@ mod tests {
         // (one slice); row_state 3*16*4
         let offsets: Vec<u64> = l.regions().iter().map(|r| r.offset).collect();
         let carry_end = 6144 + 2 * 12288;
-        assert_eq!(offsets, [0, 6144, 6144 + 12288, carry_end, carry_end, carry_end]);
+        assert_eq!(offsets, [0, 6144, 6144 + 12288, carry_end, carry_end, carry_end, carry_end]);
         assert_eq!(l.nbytes(), 6144 + 2 * 12288 + 192);
         assert_eq!(l.region(RegionId::RowState).shape.as_slice(), &[3, 16]);
         assert_eq!(l.by_name("carry_indices").unwrap().dtype, DType::I32);

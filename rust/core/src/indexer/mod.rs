@@ -67,6 +67,10 @@ pub const TOPK_SLICE_MIN: u32 = 8192;
 /// plans with few rows (`SG_STATE_WORDS` in kernels/indexer_select.cu): three
 /// levels' histograms of 2048 bins, counters, per-CTA counts.
 pub const SELECT_STATE_WORDS: u64 = 6400;
+/// Candidates one row of the grid selection gathers (`SG_CAND_CAP`): the
+/// keys in the bin of the k-th key's top 11 bits, when it holds no more, which
+/// the row's last CTA selects from (a few hundred of 131072 bench logits).
+pub const SELECT_CANDIDATES: u64 = 14336;
 /// Fewest CTAs of one row's grid selection: a CUDA decode plan of one chunk
 /// holds its row state when rows x this many CTAs fit one wave of the
 /// device's SMs (more rows fill the GPU with one cluster per row).

@@ -407,7 +407,7 @@ impl fmt::Display for Plan {
 mod tests {
     use super::super::caps::{CapsRequest, IndexSpace, Precision};
     use super::super::layout::RegionId;
-    use super::super::SELECT_STATE_WORDS;
+    use super::super::{SELECT_CANDIDATES, SELECT_STATE_WORDS};
     use super::*;
     use crate::tensor::Device;
 
@@ -501,6 +501,9 @@ mod tests {
             let p = Plan::new(&caps(64, rows, width, 512, 0, mode), facts).unwrap();
             let words = p.layout().region(RegionId::RowState).shape[1];
             assert_eq!(words == SELECT_STATE_WORDS, p.grid_select_state());
+            let cands = p.layout().region(RegionId::SelectCandidates).shape.clone();
+            let expect: &[u64] = if p.grid_select_state() { &[rows as u64, SELECT_CANDIDATES] } else { &[0] };
+            assert_eq!(cands.as_slice(), expect);
             p.grid_select_state()
         };
         // one row of 131072 logits, 32 rows (4 CTAs each: 128 of 132 SMs): yes
