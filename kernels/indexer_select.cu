@@ -28,6 +28,7 @@
 #define SEL_THREADS 1024
 #define SEL_WARPS (SEL_THREADS / 32)
 #define SEL_BINS 2048  // 11-bit digits (the last level: 10 bits)
+#define SC_CAND_CAP 4096  // the cluster selection's candidates (rust: CLUSTER_SELECT_CANDIDATES)
 
 struct SelectParams {
     const float* logits;   // chunk logits [rows, logits_row_stride] (the whole width)
@@ -58,6 +59,11 @@ __device__ __forceinline__ u32 sel_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// A candidate of a key gathered for a last selection step (pick_candidates):
+// (key << 32 | ~position) is unique per row, and the larger the better (a
+// higher key, then a lower position).
+__device__ __forceinline__ u64 candidate(u32 k, u32 pos) { return (u64)k << 32 | (u32)~pos; }
+
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
@@ -85,6 +91,9 @@ __device__ __forceinline__ u32 dsmem_load(u32 addr) {
     u32 v;
     asm volatile("ld.shared::cluster.u32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
     return v;
+}
+__device__ __forceinline__ void dsmem_store_u64(u32 addr, u64 v) {
+    asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
 }
 __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     u32 old;
@@ -177,6 +186,24 @@ struct ThreadKeys {
     __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
         each(m, claim, [&](u32 slot, u32 i) { put(p, slot, first + i); });
     }
+    // Writes the candidates pick_candidates chose from pool[0..count) to
+    // output slots from claim(count) (any thread of the CTA may hold any).
+    template <class Claim>
+    __device__ __forceinline__ void emit_picked(const SelectParams& p, const u64* pool, u32 count,
+                                                u64 cprefix, u64 cmask, Claim&& claim) const {
+        for (u32 b = 0; b < count; b += SEL_THREADS) {
+            const u32 i = b + threadIdx.x;
+            const u64 v = i < count ? pool[i] : 0u;
+            const u32 m = i < count && (v & cmask) >= cprefix ? 1u : 0u;
+            each(m, claim, [&](u32 slot, u32) { put(p, slot, ~(u32)v); });
+        }
+    }
+    // The candidate of key i (its key again from its logit: key[i] at a
+    // run-time i would put key[] in local memory).
+    __device__ __forceinline__ u64 candidate_of(u32 i) const {
+        const u32 pos = first + i;
+        return candidate(sel_key(lrow[pos]), pos);
+    }
     // Slots from..K-1 (fewer candidates than K): -1 / -inf, slot s by the
     // thread at s - from - start modulo stride.
     __device__ __forceinline__ void pad(u32 from, u32 start, u32 stride, u32 K) const {
@@ -187,13 +214,76 @@ struct ThreadKeys {
     }
 };
 
+// The digit whose bin holds the need-th count from the top (bins descending
+// over threads, one or two a thread): found = {digit, count above it, its
+// count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
+// counts' total (1 <= need <= total, or no digit is found).
+template <class Counts, class Need>
+__device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
+                                           u32* found) {
+    const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+    const u32 top = bins - 1 - threadIdx.x * per_bins;
+    u32 c[2];
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
+    u32 all;
+    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
+    const u32 need = need_of(all);
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) {
+        if (j < per_bins && above < need && above + c[j] >= need) {
+            found[0] = top - j;
+            found[1] = above;
+            found[2] = c[j];
+        }
+        above += c[j];
+    }
+    __syncthreads();
+}
+
+// `need` of the `count` candidates in pool[],
+// which share the bits `cmask` set to `cprefix`, by a radix select over the
+// bits below the top 11 (levels of 11, 10, 11, 11, 10 bits) until a bin holds
+// exactly the ones still needed; the last level's bins hold one candidate
+// each. After it the chosen ones are those with (v & cmask) >= cprefix.
+#define SEL_CAND_LEVELS 5
+__device__ __forceinline__ void pick_candidates(const u64* pool, u32 count, u32 need, u64& cprefix,
+                                                u64& cmask, u32* hist, u32* sums, u32* found) {
+    const u32 tid = threadIdx.x;
+    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
+#pragma unroll 1
+    for (int lv = 0; lv < SEL_CAND_LEVELS; ++lv) {
+        const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
+        const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
+        __syncthreads();  // the pool written, `hist` cleared
+        for (u32 i = tid; i < count; i += SEL_THREADS) {
+            const u64 v = pool[i];
+            if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
+        }
+        __syncthreads();
+        find_digit(bins,
+                   [&](u32 b) {
+                       const u32 c = hist[b];
+                       hist[b] = 0u;  // only this thread reads bin b
+                       return c;
+                   },
+                   [&](u32) { return need; }, sums, found);
+        need -= found[1];
+        cprefix |= (u64)found[0] << shift;
+        cmask |= (u64)(bins - 1) << shift;
+        if (found[2] == need) break;  // uniform: the whole bin is taken
+    }
+}
+
 template <int PER>
 __device__ __forceinline__ void select_cluster(const SelectParams& p) {
+    extern __shared__ u64 pool[];      // rank 0's holds the cluster's candidates
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
     __shared__ u32 total_hist[SEL_BINS];
     __shared__ u32 sums[SEL_WARPS];
     __shared__ u32 slot_counter;  // rank 0's is the cluster's
-    __shared__ u32 found[2];      // the level's digit and the count above it
+    __shared__ u32 cand_counter;  // rank 0's counts its pool
+    __shared__ u32 found[3];      // the level's digit, the count above it, its own count
 
     const u32 tid = threadIdx.x;
     const u32 rank = cluster_rank(), ranks = cluster_size();
@@ -204,14 +294,17 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
-    if (tid == 0) slot_counter = 0u;
+    if (tid == 0) slot_counter = cand_counter = 0u;
     const u32 counter = dsmem(&slot_counter, 0);
     // Output slots from the counter in rank 0's shared memory.
-    auto emit = [&](u32 m) { t.emit(p, m, [&](u32 c) { return dsmem_add(counter, c); }); };
+    auto slots = [&](u32 c) { return dsmem_add(counter, c); };
+    auto emit = [&](u32 m) { t.emit(p, m, slots); };
 
-    cluster_sync();  // zeroed histograms and counter before any CTA counts or adds
-    u32 prefix = 0, pmask = 0, need = K, total = 0;
-    // Levels: digits of bits 31..21, 20..10, 9..0.
+    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
+    u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
+    bool gather = false;
+    // Levels: digits of bits 31..21, 20..10, 9..0 (the last two only when
+    // the first's bin is too big to gather).
 #pragma unroll
     for (int level = 0; level < 3; ++level) {
         const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
@@ -229,32 +322,24 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
             total_hist[b] = s;
         }
         __syncthreads();
-        // Counts above each thread's bins (bins descending over threads): the
-        // k-th key's digit is where the count reaches `need`.
-        const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
-        const u32 top = bins - 1 - tid * per_bins;  // this thread's highest bin
-        u32 mine = 0;
-        for (u32 j = 0; j < per_bins; ++j) mine += total_hist[top - j];
-        u32 all;
-        u32 above = block_exclusive_sum<SEL_THREADS>(mine, sums, all);
-        if (level == 0) {
-            total = all;
-            need = min(K, total);
-        }
-        if (need == 0) break;  // uniform: no candidates at all
+        find_digit(bins, [&](u32 b) { return total_hist[b]; },
+                   [&](u32 all) {
+                       if (level == 0) {
+                           total = all;
+                           need = min(K, total);
+                       }
+                       return need;
+                   },
+                   sums, found);
         if (level == 0 && total <= K) break;  // uniform: every candidate is selected
-        for (u32 j = 0; j < per_bins; ++j) {
-            const u32 c = total_hist[top - j];
-            if (above < need && above + c >= need) {
-                found[0] = top - j;
-                found[1] = above;
-            }
-            above += c;
-        }
-        __syncthreads();
         need -= found[1];
+        ties = found[2];
         prefix |= found[0] << shift;
         pmask |= (bins - 1) << shift;
+        if (level == 0 && ties <= SC_CAND_CAP) {
+            gather = true;
+            break;
+        }
         // The other parity's histogram is free (every rank read it last
         // level, before this level's cluster barrier): clear it for the next.
         for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[(level + 1) & 1][b] = 0u;
@@ -265,6 +350,22 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         // Every candidate, then the padding.
         emit(t.mask([](u32 x) { return x != 0u; }));
         t.pad(total, rank * SEL_THREADS + tid, ranks * SEL_THREADS, K);
+    } else if (gather) {
+        // Keys above bin d go in; those in it go to rank 0's pool, which
+        // picks `need` of them after one more cluster barrier (instead of two
+        // more levels). No CTA reads another's shared memory after it.
+        const u32 d = prefix >> 21;
+        emit(t.mask([&](u32 x) { return (x >> 21) > d; }));
+        const u32 pool0 = dsmem(pool, 0), cands = dsmem(&cand_counter, 0);
+        t.each(t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
+               [&](u32 c) { return dsmem_add(cands, c); },
+               [&](u32 slot, u32 i) { dsmem_store_u64(pool0 + slot * 8u, t.candidate_of(i)); });
+        cluster_sync();
+        if (rank != 0) return;
+        u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
+        pick_candidates(pool, ties, need, cprefix, cmask, total_hist, sums, found);
+        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(&slot_counter, c); });
+        return;
     } else {
         // `prefix` is the k-th key: every key above it, then `need` of its
         // ties, the lowest indices. (Emitting each level's keys as the level
@@ -334,7 +435,6 @@ SELECT_KERNEL(16)
 #define SG_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
 #define SG_CAND_CAP 14336  // rust/core SELECT_CANDIDATES; x 8 bytes of dynamic shared memory
-#define SG_CAND_LEVELS 5   // (key bits 20..0, ~index) in digits of 11, 10, 11, 11, 10 bits
 
 // Waits until `target` arrivals (every CTA of the row, once per barrier so
 // far) at the row's counter: this CTA's global writes and atomics before it
@@ -363,33 +463,6 @@ __device__ __forceinline__ bool last_to_arrive(u32* done, u32 parts, u32* flag) 
     }
     __syncthreads();
     return *flag != 0u;
-}
-
-// The digit whose bin holds the need-th count from the top (bins descending
-// over threads, one or two a thread): found = {digit, count above it, its
-// count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
-// counts' total (1 <= need <= total, or no digit is found).
-template <class Counts, class Need>
-__device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
-                                           u32* found) {
-    const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
-    const u32 top = bins - 1 - threadIdx.x * per_bins;
-    u32 c[2];
-#pragma unroll
-    for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
-    u32 all;
-    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
-    const u32 need = need_of(all);
-#pragma unroll
-    for (u32 j = 0; j < 2; ++j) {
-        if (j < per_bins && above < need && above + c[j] >= need) {
-            found[0] = top - j;
-            found[1] = above;
-            found[2] = c[j];
-        }
-        above += c[j];
-    }
-    __syncthreads();
 }
 
 template <int PER>
@@ -467,46 +540,12 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         emit(t.mask([&](u32 x) { return (x >> 21) > d; }));
         t.each(t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
                [&](u32 c) { return atomicAdd(&st[SG_CANDS], c); },
-               [&](u32 slot, u32 i) {
-                   // the key again from its logit: key[i] at a run-time i would put key[] in local memory
-                   const u32 pos = t.first + i;
-                   cand[slot] = (u64)sel_key(t.lrow[pos]) << 32 | (u32)~pos;
-               });
+               [&](u32 slot, u32 i) { cand[slot] = t.candidate_of(i); });
         if (!last_to_arrive(&st[SG_DONE], parts, &flag)) return;
         for (u32 i = tid; i < ties; i += SEL_THREADS) pool[i] = __ldcg(&cand[i]);
-        // `need` of the `ties` candidates: a radix select over the bits below
-        // the digit (every candidate shares it) until a bin holds exactly the
-        // ones still needed; (key, ~index) is unique, so the last digit does.
         u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
-#pragma unroll 1
-        for (int lv = 0; lv < SG_CAND_LEVELS; ++lv) {
-            const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
-            const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
-            __syncthreads();  // the pool copied, `hist` cleared
-            for (u32 i = tid; i < ties; i += SEL_THREADS) {
-                const u64 v = pool[i];
-                if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
-            }
-            __syncthreads();
-            find_digit(bins,
-                       [&](u32 b) {
-                           const u32 c = hist[b];
-                           hist[b] = 0u;  // only this thread reads bin b
-                           return c;
-                       },
-                       [&](u32) { return need; }, sums, found);
-            need -= found[1];
-            cprefix |= (u64)found[0] << shift;
-            cmask |= (u64)(bins - 1) << shift;
-            if (found[2] == need) break;  // uniform: the whole bin is taken
-        }
-        // Every candidate at or above the bin: exactly the ones needed.
-        for (u32 b = 0; b < ties; b += SEL_THREADS) {
-            const u32 i = b + tid;
-            const u64 v = i < ties ? pool[i] : 0u;
-            const u32 m = i < ties && (v & cmask) >= cprefix ? 1u : 0u;
-            t.each(m, slots, [&](u32 slot, u32) { t.put(p, slot, ~(u32)v); });
-        }
+        pick_candidates(pool, ties, need, cprefix, cmask, hist, sums, found);
+        t.emit_picked(p, pool, ties, cprefix, cmask, slots);
         return;
     }
     // `prefix` is the k-th key: every key above it goes in, and `need` of the

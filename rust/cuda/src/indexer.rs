@@ -202,6 +202,12 @@ const GRID_SELECT_MAX_PARTS: u32 = 128;
 /// 2 us slower for one row of 131072 logits).
 const GRID_SELECT_SHARED_BYTES: u32 = SELECT_CANDIDATES as u32 * 8;
 
+/// Candidates a cluster selection's rank 0 gathers in its shared memory
+/// (`SC_CAND_CAP`): the k-th key's level-0 bin when it holds no more (a few
+/// hundred of 32768 bench logits); a bigger bin takes two more levels.
+const CLUSTER_SELECT_CANDIDATES: u32 = 4096;
+const CLUSTER_SELECT_SHARED_BYTES: u32 = CLUSTER_SELECT_CANDIDATES * 8;
+
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
 /// per thread, at least 4) whose grid fits one wave of one CTA per SM, which
@@ -858,7 +864,11 @@ pub unsafe fn launch_indexer(
                 }
                 None => {
                     let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
-                    (select_kernel(per), select_config((cluster, a.rows, 1), cluster))
+                    let cfg = LaunchConfig {
+                        shared_bytes: CLUSTER_SELECT_SHARED_BYTES,
+                        ..select_config((cluster, a.rows, 1), cluster)
+                    };
+                    (select_kernel(per), cfg)
                 }
             };
             let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
@@ -957,6 +967,7 @@ mod tests {
             ("SEL_THREADS", SELECT_THREADS as u64),
             ("SG_STATE_WORDS", SELECT_STATE_WORDS),
             ("SG_CAND_CAP", SELECT_CANDIDATES),
+            ("SC_CAND_CAP", CLUSTER_SELECT_CANDIDATES as u64),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
             ("SEL_BINS", 2048),
         ] {
