@@ -95,6 +95,11 @@ __device__ __forceinline__ u32 dsmem_load(u32 addr) {
 __device__ __forceinline__ void dsmem_store_u64(u32 addr, u64 v) {
     asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
 }
+__device__ __forceinline__ u64 dsmem_add_u64(u32 addr, u64 v) {
+    u64 old;
+    asm volatile("atom.shared::cluster.add.u64 %0, [%1], %2;" : "=l"(old) : "r"(addr), "l"(v) : "memory");
+    return old;
+}
 __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     u32 old;
     asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v)
@@ -185,6 +190,26 @@ struct ThreadKeys {
     template <class Claim>
     __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
         each(m, claim, [&](u32 slot, u32 i) { put(p, slot, first + i); });
+    }
+    // Emits the keys of `above` and gathers those of `bin` as candidates
+    // (store(slot, candidate)), with one atomic per warp for both kinds of
+    // slot: claim(n) adds n = (bin count << 32 | above count) and returns
+    // the counts before.
+    template <class Claim, class Store>
+    __device__ __forceinline__ void emit_and_gather(const SelectParams& p, u32 above, u32 bin,
+                                                    Claim&& claim, Store&& store) const {
+        const u32 a = __popc(above), b = __popc(bin);
+        const u32 incl = warp_inclusive_sum(a | b << 16);  // a warp holds at most 32 * PER of each
+        const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
+        u64 base = 0;
+        if (warp_total != 0) {
+            if ((threadIdx.x & 31) == 31) base = claim((u64)(warp_total >> 16) << 32 | (warp_total & 0xffffu));
+            base = __shfl_sync(0xffffffffu, base, 31);
+        }
+        u32 sa = (u32)base + (incl & 0xffffu) - a;
+        u32 sb = (u32)(base >> 32) + (incl >> 16) - b;
+        for (; above != 0; above &= above - 1, ++sa) put(p, sa, first + (__ffs(above) - 1));
+        for (; bin != 0; bin &= bin - 1, ++sb) store(sb, candidate_of(__ffs(bin) - 1));
     }
     // Writes the candidates pick_candidates chose from pool[0..count) to
     // output slots from claim(count) (any thread of the CTA may hold any).
@@ -281,8 +306,8 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
     __shared__ u32 total_hist[SEL_BINS];
     __shared__ u32 sums[SEL_WARPS];
-    __shared__ u32 slot_counter;  // rank 0's is the cluster's
-    __shared__ u32 cand_counter;  // rank 0's counts its pool
+    // rank 0's are the cluster's: output slots taken (low word), candidates gathered
+    __shared__ unsigned long long counters;
     __shared__ u32 found[3];      // the level's digit, the count above it, its own count
 
     const u32 tid = threadIdx.x;
@@ -294,8 +319,8 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
-    if (tid == 0) slot_counter = cand_counter = 0u;
-    const u32 counter = dsmem(&slot_counter, 0);
+    if (tid == 0) counters = 0u;
+    const u32 counter = dsmem(&counters, 0);
     // Output slots from the counter in rank 0's shared memory.
     auto slots = [&](u32 c) { return dsmem_add(counter, c); };
     auto emit = [&](u32 m) { t.emit(p, m, slots); };
@@ -355,16 +380,17 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         // picks `need` of them after one more cluster barrier (instead of two
         // more levels). No CTA reads another's shared memory after it.
         const u32 d = prefix >> 21;
-        emit(t.mask([&](u32 x) { return (x >> 21) > d; }));
-        const u32 pool0 = dsmem(pool, 0), cands = dsmem(&cand_counter, 0);
-        t.each(t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
-               [&](u32 c) { return dsmem_add(cands, c); },
-               [&](u32 slot, u32 i) { dsmem_store_u64(pool0 + slot * 8u, t.candidate_of(i)); });
+        const u32 pool0 = dsmem(pool, 0);
+        t.emit_and_gather(p, t.mask([&](u32 x) { return (x >> 21) > d; }),
+                          t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
+                          [&](u64 c) { return dsmem_add_u64(counter, c); },
+                          [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
         cluster_sync();
         if (rank != 0) return;
         u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
         pick_candidates(pool, ties, need, cprefix, cmask, total_hist, sums, found);
-        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(&slot_counter, c); });
+        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word
+        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(slot_counter, c); });
         return;
     } else {
         // `prefix` is the k-th key: every key above it, then `need` of its
@@ -428,9 +454,9 @@ SELECT_KERNEL(16)
 #define SG_LEVELS 3
 #define SG_MAX_PARTS 128
 #define SG_ARRIVE (SG_LEVELS * SEL_BINS)  // barrier arrivals
-#define SG_SLOTS (SG_ARRIVE + 1)          // output slots taken
-#define SG_DONE (SG_ARRIVE + 2)           // CTAs done with the candidates
-#define SG_CANDS (SG_ARRIVE + 3)          // candidates appended
+#define SG_DONE (SG_ARRIVE + 1)           // CTAs done with the candidates
+#define SG_SLOTS (SG_ARRIVE + 2)          // output slots taken; with the next word a u64
+#define SG_CANDS (SG_ARRIVE + 3)          // candidates gathered (the high word)
 #define SG_TIES (SG_ARRIVE + 128)         // per-CTA counts of the k-th key
 #define SG_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
@@ -472,6 +498,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     __shared__ u32 sums[SEL_WARPS];
     __shared__ u32 found[3];  // the level's digit, the count above it, its own count
     __shared__ u32 flag;
+    __shared__ u32 picked;  // the last CTA's output slots
 
     const u32 tid = threadIdx.x;
     const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
@@ -537,15 +564,18 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         // the larger the better) wait for the row's last CTA.
         const u32 d = prefix >> 21;
         u64* cand = p.cand + (u64)row * SG_CAND_CAP;
-        emit(t.mask([&](u32 x) { return (x >> 21) > d; }));
-        t.each(t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
-               [&](u32 c) { return atomicAdd(&st[SG_CANDS], c); },
-               [&](u32 slot, u32 i) { cand[slot] = t.candidate_of(i); });
+        static_assert(SG_SLOTS % 2 == 0 && SG_CANDS == SG_SLOTS + 1 && SG_STATE_WORDS % 2 == 0, "one u64");
+        auto* counts = reinterpret_cast<unsigned long long*>(&st[SG_SLOTS]);
+        t.emit_and_gather(p, t.mask([&](u32 x) { return (x >> 21) > d; }),
+                          t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
+                          [&](u64 c) { return (u64)atomicAdd(counts, (unsigned long long)c); },
+                          [&](u32 slot, u64 v) { cand[slot] = v; });
         if (!last_to_arrive(&st[SG_DONE], parts, &flag)) return;
         for (u32 i = tid; i < ties; i += SEL_THREADS) pool[i] = __ldcg(&cand[i]);
+        if (tid == 0) picked = K - need;  // the keys above bin d took slots 0..K-need-1
         u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
         pick_candidates(pool, ties, need, cprefix, cmask, hist, sums, found);
-        t.emit_picked(p, pool, ties, cprefix, cmask, slots);
+        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(&picked, c); });
         return;
     }
     // `prefix` is the k-th key: every key above it goes in, and `need` of the
