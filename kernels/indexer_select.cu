@@ -59,17 +59,6 @@ __device__ __forceinline__ u32 sel_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Adds 1 to h[bin] for each lane that is `on`, one atomic per distinct bin
-// of the warp: level 0's bins are few (a row's logits share their sign and
-// exponent), so plain atomics would conflict within the warp.
-__device__ __forceinline__ void warp_hist_add(u32* h, u32 bin, bool on) {
-    const u32 lanes = __ballot_sync(0xffffffffu, on);
-    if (on) {
-        const u32 peers = __match_any_sync(lanes, bin);
-        if ((threadIdx.x & 31) == (u32)(__ffs(peers) - 1)) atomicAdd(&h[bin], (u32)__popc(peers));
-    }
-}
-
 // A candidate of a key gathered for a last selection step (pick_candidates):
 // (key << 32 | ~position) is unique per row, and the larger the better (a
 // higher key, then a lower position).
@@ -347,10 +336,8 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         const u32 bins = level == 2 ? 1024u : 2048u;
         u32* h = hist[level & 1];
 #pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            if (level == 0) warp_hist_add(h, key[i] >> shift, key[i] != 0u);
-            else if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
-        }
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
         cluster_sync();
         // The cluster's counts, summed from every rank's histogram.
         for (u32 b = tid; b < bins; b += SEL_THREADS) {
@@ -536,11 +523,9 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         u32* gh = st + level * SEL_BINS;
         if (level == 0) __syncthreads();  // `hist` zeroed (later levels: before the barrier)
 #pragma unroll
-        for (int i = 0; i < PER; ++i) {
-            if (level == 0) warp_hist_add(hist, key[i] >> shift, key[i] != 0u);
-            else if (key[i] != 0u && (key[i] & pmask) == prefix)
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix)
                 atomicAdd(&hist[(key[i] >> shift) & (bins - 1)], 1u);
-        }
         __syncthreads();
         for (u32 b = tid; b < bins; b += SEL_THREADS) {
             const u32 c = hist[b];
