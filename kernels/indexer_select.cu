@@ -19,10 +19,14 @@
 // each level, every CTA histograms the digit of its keys that match the
 // prefix found so far, the cluster sums the CL histograms through
 // distributed shared memory (one cluster barrier), and every CTA finds the
-// same digit (the bin holding the k-th key). After the last level the k-th
-// key's value is exact: every key above it is emitted (output slots from a
-// counter in rank 0's shared memory), and its ties go to the lowest indices
-// (ranks hold ascending index ranges, threads ascending subranges).
+// same digit (the bin holding the k-th key). Usually the first level's bin
+// is small (a few hundred of 32768 logits): then every key above it is
+// emitted (output slots from a counter in rank 0's shared memory), its keys
+// go to rank 0's pool, and rank 0 picks the ones still needed there
+// (pick_candidates) after one more cluster barrier instead of two more
+// levels. Otherwise, after the last level the k-th key's value is exact:
+// every key above it is emitted and its ties go to the lowest indices (ranks
+// hold ascending index ranges, threads ascending subranges).
 #include "indexer_common.cuh"
 
 #define SEL_THREADS 1024
@@ -438,7 +442,7 @@ SELECT_KERNEL(16)
 // counts itself done; the row's last CTA picks the K - above best candidates
 // by a radix select in shared memory over (key, lowest index first), without
 // another row barrier. (The round before had three barriers of about 2 us
-// each: bench-results/h200/indexer-round10-notes.md.)
+// each; both rounds are in bench-results/h200/indexer-round14-notes.md.)
 //
 // When bin d holds more than SG_CAND_CAP keys (many equal logits), the row
 // goes on as before: two more levels of 11 and 10 bits give the k-th key
