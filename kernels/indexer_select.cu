@@ -270,6 +270,25 @@ __device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& nee
     __syncthreads();
 }
 
+// A level's `need` from its counts' total `all`: level 0 sets the row's
+// candidate count and the keys it selects (at most K).
+__device__ __forceinline__ u32 level_need(int level, u32 all, u32 K, u32& total, u32& need) {
+    if (level == 0) {
+        total = all;
+        need = min(K, total);
+    }
+    return need;
+}
+// The found digit joins the k-th key's prefix; `need` and `ties` become
+// what is left to take and how many keys share the prefix.
+__device__ __forceinline__ void take_digit(const u32* found, int shift, u32 bins, u32& need,
+                                           u32& ties, u32& prefix, u32& pmask) {
+    need -= found[1];
+    ties = found[2];
+    prefix |= found[0] << shift;
+    pmask |= (bins - 1) << shift;
+}
+
 // `need` of the `count` candidates in pool[],
 // which share the bits `cmask` set to `cprefix`, by a radix select over the
 // bits below the top 11 (levels of 11, 10, 11, 11, 10 bits) until a bin holds
@@ -352,19 +371,9 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         }
         __syncthreads();
         find_digit(bins, [&](u32 b) { return total_hist[b]; },
-                   [&](u32 all) {
-                       if (level == 0) {
-                           total = all;
-                           need = min(K, total);
-                       }
-                       return need;
-                   },
-                   sums, found);
+                   [&](u32 all) { return level_need(level, all, K, total, need); }, sums, found);
         if (level == 0 && total <= K) break;  // uniform: every candidate is selected
-        need -= found[1];
-        ties = found[2];
-        prefix |= found[0] << shift;
-        pmask |= (bins - 1) << shift;
+        take_digit(found, shift, bins, need, ties, prefix, pmask);
         if (level == 0 && ties <= SC_CAND_CAP) {
             gather = true;
             break;
@@ -538,19 +547,9 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         }
         row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
         find_digit(bins, [&](u32 b) { return __ldcg(&gh[b]); },
-                   [&](u32 all) {
-                       if (level == 0) {
-                           total = all;
-                           need = min(K, total);
-                       }
-                       return need;
-                   },
-                   sums, found);
+                   [&](u32 all) { return level_need(level, all, K, total, need); }, sums, found);
         if (level == 0 && total <= K) break;  // uniform over the row: every candidate goes in
-        need -= found[1];
-        ties = found[2];
-        prefix |= found[0] << shift;
-        pmask |= (bins - 1) << shift;
+        take_digit(found, shift, bins, need, ties, prefix, pmask);
         if (level == 0 && ties <= SG_CAND_CAP) {
             gather = true;
             break;

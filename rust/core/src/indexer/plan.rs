@@ -502,7 +502,8 @@ mod tests {
             let words = p.layout().region(RegionId::RowState).shape[1];
             assert_eq!(words == SELECT_STATE_WORDS, p.grid_select_state());
             let cands = p.layout().region(RegionId::SelectCandidates).shape.clone();
-            let expect: &[u64] = if p.grid_select_state() { &[rows as u64, SELECT_CANDIDATES] } else { &[0] };
+            let expect: &[u64] =
+                if p.grid_select_state() { &[rows as u64, SELECT_CANDIDATES] } else { &[0] };
             assert_eq!(cands.as_slice(), expect);
             p.grid_select_state()
         };
