@@ -266,7 +266,8 @@ impl Plan {
         };
         let heads_padded = caps.num_q_heads.next_multiple_of(HEAD_TILE);
         // The grid selection (one-chunk decode, few rows) keeps its cross-CTA
-        // state in the row state; rows x its fewest CTAs must fit one wave.
+        // state in the row state and its candidates in `select_candidates`;
+        // rows x its fewest CTAs must fit one wave.
         let grid_select_state = caps.device.is_cuda()
             && route == Route::PagedDecode
             && max_chunks == 1
@@ -351,9 +352,10 @@ impl Plan {
     pub fn topk_slices(&self) -> u32 {
         self.topk_slices
     }
-    /// Whether the row state holds the grid selection's
-    /// (`SELECT_STATE_WORDS` words a row): a CUDA one-chunk decode plan
-    /// whose rows take `GRID_SELECT_MIN_PARTS` CTAs each in one wave.
+    /// Whether the scratch holds the grid selection's row state
+    /// (`SELECT_STATE_WORDS` words a row) and candidates
+    /// (`SELECT_CANDIDATES` a row): a CUDA one-chunk decode plan whose rows
+    /// take `GRID_SELECT_MIN_PARTS` CTAs each in one wave.
     #[inline]
     pub fn grid_select_state(&self) -> bool {
         self.grid_select_state
