@@ -111,6 +111,86 @@ __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     return old;
 }
 
+// The digit whose bin holds the need-th count from the top (bins descending
+// over threads, one or two a thread): found = {digit, count above it, its
+// count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
+// counts' total (1 <= need <= total, or no digit is found).
+template <class Counts, class Need>
+__device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
+                                           u32* found) {
+    const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
+    const u32 top = bins - 1 - threadIdx.x * per_bins;
+    u32 c[2];
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
+    u32 all;
+    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
+    const u32 need = need_of(all);
+#pragma unroll
+    for (u32 j = 0; j < 2; ++j) {
+        if (j < per_bins && above < need && above + c[j] >= need) {
+            found[0] = top - j;
+            found[1] = above;
+            found[2] = c[j];
+        }
+        above += c[j];
+    }
+    __syncthreads();
+}
+
+// A level's `need` from its counts' total `all`: level 0 sets the row's
+// candidate count and the keys it selects (at most K).
+__device__ __forceinline__ u32 level_need(int level, u32 all, u32 K, u32& total, u32& need) {
+    if (level == 0) {
+        total = all;
+        need = min(K, total);
+    }
+    return need;
+}
+// The found digit joins the k-th key's prefix; `need` and `ties` become
+// what is left to take and how many keys share the prefix.
+__device__ __forceinline__ void take_digit(const u32* found, int shift, u32 bins, u32& need,
+                                           u32& ties, u32& prefix, u32& pmask) {
+    need -= found[1];
+    ties = found[2];
+    prefix |= found[0] << shift;
+    pmask |= (bins - 1) << shift;
+}
+
+// `need` of the `count` candidates in pool[],
+// which share the bits `cmask` set to `cprefix`, by a radix select over the
+// bits below the top 11 (levels of 11, 10, 11, 11, 10 bits) until a bin holds
+// exactly the ones still needed; the last level's bins hold one candidate
+// each. After it the chosen ones are those with (v & cmask) >= cprefix.
+#define SEL_CAND_LEVELS 5
+__device__ __forceinline__ void pick_candidates(const u64* pool, u32 count, u32 need, u64& cprefix,
+                                                u64& cmask, u32* hist, u32* sums, u32* found) {
+    const u32 tid = threadIdx.x;
+    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
+#pragma unroll 1
+    for (int lv = 0; lv < SEL_CAND_LEVELS; ++lv) {
+        const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
+        const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
+        __syncthreads();  // the pool written, `hist` cleared
+        for (u32 i = tid; i < count; i += SEL_THREADS) {
+            const u64 v = pool[i];
+            if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
+        }
+        __syncthreads();
+        find_digit(bins,
+                   [&](u32 b) {
+                       const u32 c = hist[b];
+                       hist[b] = 0u;  // only this thread reads bin b
+                       return c;
+                   },
+                   [&](u32) { return need; }, sums, found);
+        need -= found[1];
+        cprefix |= (u64)found[0] << shift;
+        cmask |= (u64)(bins - 1) << shift;
+        if (found[2] == need) break;  // uniform: the whole bin is taken
+    }
+}
+
 // One thread's PER consecutive logits of a row as keys (0 past the row's
 // live length), and what emitting them needs.
 template <int PER>
@@ -195,13 +275,16 @@ struct ThreadKeys {
     __device__ __forceinline__ void emit(const SelectParams& p, u32 m, Claim&& claim) const {
         each(m, claim, [&](u32 slot, u32 i) { put(p, slot, first + i); });
     }
-    // Emits the keys of `above` and gathers those of `bin` as candidates
-    // (store(slot, candidate)), with one atomic per warp for both kinds of
-    // slot: claim(n) adds n = (bin count << 32 | above count) and returns
-    // the counts before.
+    // Emits the keys whose first digit (top 11 bits) is above `prefix`'s
+    // and gathers those that share it as candidates (store(slot,
+    // candidate)), with one atomic per warp for both kinds of slot: claim(n)
+    // adds n = (bin count << 32 | above count) and returns the counts before.
     template <class Claim, class Store>
-    __device__ __forceinline__ void emit_and_gather(const SelectParams& p, u32 above, u32 bin,
-                                                    Claim&& claim, Store&& store) const {
+    __device__ __forceinline__ void emit_and_gather(const SelectParams& p, u32 prefix, Claim&& claim,
+                                                    Store&& store) const {
+        const u32 d = prefix >> 21;
+        u32 above = mask([&](u32 x) { return (x >> 21) > d; });
+        u32 bin = mask([&](u32 x) { return x != 0u && (x >> 21) == d; });
         const u32 a = __popc(above), b = __popc(bin);
         const u32 incl = warp_inclusive_sum(a | b << 16);  // a warp holds at most 32 * PER of each
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
@@ -215,11 +298,15 @@ struct ThreadKeys {
         for (; above != 0; above &= above - 1, ++sa) put(p, sa, first + (__ffs(above) - 1));
         for (; bin != 0; bin &= bin - 1, ++sb) store(sb, candidate_of(__ffs(bin) - 1));
     }
-    // Writes the candidates pick_candidates chose from pool[0..count) to
-    // output slots from claim(count) (any thread of the CTA may hold any).
+    // The `need` best of the `count` candidates in pool[] (gathered by
+    // emit_and_gather for the first digit of `prefix`, `pmask`), written to
+    // output slots from claim(count); any thread of the CTA may hold any.
     template <class Claim>
     __device__ __forceinline__ void emit_picked(const SelectParams& p, const u64* pool, u32 count,
-                                                u64 cprefix, u64 cmask, Claim&& claim) const {
+                                                u32 need, u32 prefix, u32 pmask, u32* hist,
+                                                u32* sums, u32* found, Claim&& claim) const {
+        u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
+        pick_candidates(pool, count, need, cprefix, cmask, hist, sums, found);
         for (u32 b = 0; b < count; b += SEL_THREADS) {
             const u32 i = b + threadIdx.x;
             const u64 v = i < count ? pool[i] : 0u;
@@ -242,86 +329,6 @@ struct ThreadKeys {
         }
     }
 };
-
-// The digit whose bin holds the need-th count from the top (bins descending
-// over threads, one or two a thread): found = {digit, count above it, its
-// count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
-// counts' total (1 <= need <= total, or no digit is found).
-template <class Counts, class Need>
-__device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
-                                           u32* found) {
-    const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
-    const u32 top = bins - 1 - threadIdx.x * per_bins;
-    u32 c[2];
-#pragma unroll
-    for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
-    u32 all;
-    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
-    const u32 need = need_of(all);
-#pragma unroll
-    for (u32 j = 0; j < 2; ++j) {
-        if (j < per_bins && above < need && above + c[j] >= need) {
-            found[0] = top - j;
-            found[1] = above;
-            found[2] = c[j];
-        }
-        above += c[j];
-    }
-    __syncthreads();
-}
-
-// A level's `need` from its counts' total `all`: level 0 sets the row's
-// candidate count and the keys it selects (at most K).
-__device__ __forceinline__ u32 level_need(int level, u32 all, u32 K, u32& total, u32& need) {
-    if (level == 0) {
-        total = all;
-        need = min(K, total);
-    }
-    return need;
-}
-// The found digit joins the k-th key's prefix; `need` and `ties` become
-// what is left to take and how many keys share the prefix.
-__device__ __forceinline__ void take_digit(const u32* found, int shift, u32 bins, u32& need,
-                                           u32& ties, u32& prefix, u32& pmask) {
-    need -= found[1];
-    ties = found[2];
-    prefix |= found[0] << shift;
-    pmask |= (bins - 1) << shift;
-}
-
-// `need` of the `count` candidates in pool[],
-// which share the bits `cmask` set to `cprefix`, by a radix select over the
-// bits below the top 11 (levels of 11, 10, 11, 11, 10 bits) until a bin holds
-// exactly the ones still needed; the last level's bins hold one candidate
-// each. After it the chosen ones are those with (v & cmask) >= cprefix.
-#define SEL_CAND_LEVELS 5
-__device__ __forceinline__ void pick_candidates(const u64* pool, u32 count, u32 need, u64& cprefix,
-                                                u64& cmask, u32* hist, u32* sums, u32* found) {
-    const u32 tid = threadIdx.x;
-    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
-#pragma unroll 1
-    for (int lv = 0; lv < SEL_CAND_LEVELS; ++lv) {
-        const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
-        const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
-        __syncthreads();  // the pool written, `hist` cleared
-        for (u32 i = tid; i < count; i += SEL_THREADS) {
-            const u64 v = pool[i];
-            if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
-        }
-        __syncthreads();
-        find_digit(bins,
-                   [&](u32 b) {
-                       const u32 c = hist[b];
-                       hist[b] = 0u;  // only this thread reads bin b
-                       return c;
-                   },
-                   [&](u32) { return need; }, sums, found);
-        need -= found[1];
-        cprefix |= (u64)found[0] << shift;
-        cmask |= (u64)(bins - 1) << shift;
-        if (found[2] == need) break;  // uniform: the whole bin is taken
-    }
-}
 
 template <int PER>
 __device__ __forceinline__ void select_cluster(const SelectParams& p) {
@@ -392,18 +399,14 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         // Keys above bin d go in; those in it go to rank 0's pool, which
         // picks `need` of them after one more cluster barrier (instead of two
         // more levels). No CTA reads another's shared memory after it.
-        const u32 d = prefix >> 21;
         const u32 pool0 = dsmem(pool, 0);
-        t.emit_and_gather(p, t.mask([&](u32 x) { return (x >> 21) > d; }),
-                          t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
-                          [&](u64 c) { return dsmem_add_u64(counter, c); },
+        t.emit_and_gather(p, prefix, [&](u64 c) { return dsmem_add_u64(counter, c); },
                           [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
         cluster_sync();
         if (rank != 0) return;
-        u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
-        pick_candidates(pool, ties, need, cprefix, cmask, total_hist, sums, found);
         u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word
-        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(slot_counter, c); });
+        t.emit_picked(p, pool, ties, need, prefix, pmask, total_hist, sums, found,
+                      [&](u32 c) { return atomicAdd(slot_counter, c); });
         return;
     } else {
         // `prefix` is the k-th key: every key above it, then `need` of its
@@ -462,8 +465,8 @@ SELECT_KERNEL(16)
 // counters, in the scratch) and this kernel reads it only past pdl_wait, so
 // nothing persists between calls. All G CTAs of a row must be resident at
 // once: the launcher keeps rows * G <= SMs, and the candidates' dynamic
-// shared memory (more than half an SM's) keeps one CTA per SM; at 32
-// registers two fitted, which measured 2 us slower.
+// shared memory (with the static, more than half an SM's) keeps one CTA per
+// SM; at 32 registers two fitted, which measured 2 us slower.
 #define SG_LEVELS 3
 #define SG_MAX_PARTS 128
 #define SG_ARRIVE (SG_LEVELS * SEL_BINS)  // barrier arrivals
@@ -565,20 +568,16 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     if (gather) {
         // Keys above bin d go in; those in it (candidates as (key, ~index),
         // the larger the better) wait for the row's last CTA.
-        const u32 d = prefix >> 21;
         u64* cand = p.cand + (u64)row * SG_CAND_CAP;
         static_assert(SG_SLOTS % 2 == 0 && SG_CANDS == SG_SLOTS + 1 && SG_STATE_WORDS % 2 == 0, "one u64");
         auto* counts = reinterpret_cast<unsigned long long*>(&st[SG_SLOTS]);
-        t.emit_and_gather(p, t.mask([&](u32 x) { return (x >> 21) > d; }),
-                          t.mask([&](u32 x) { return x != 0u && (x >> 21) == d; }),
-                          [&](u64 c) { return (u64)atomicAdd(counts, (unsigned long long)c); },
+        t.emit_and_gather(p, prefix, [&](u64 c) { return (u64)atomicAdd(counts, (unsigned long long)c); },
                           [&](u32 slot, u64 v) { cand[slot] = v; });
         if (!last_to_arrive(&st[SG_DONE], parts, &flag)) return;
         for (u32 i = tid; i < ties; i += SEL_THREADS) pool[i] = __ldcg(&cand[i]);
         if (tid == 0) picked = K - need;  // the keys above bin d took slots 0..K-need-1
-        u64 cprefix = (u64)prefix << 32, cmask = (u64)pmask << 32;
-        pick_candidates(pool, ties, need, cprefix, cmask, hist, sums, found);
-        t.emit_picked(p, pool, ties, cprefix, cmask, [&](u32 c) { return atomicAdd(&picked, c); });
+        t.emit_picked(p, pool, ties, need, prefix, pmask, hist, sums, found,
+                      [&](u32 c) { return atomicAdd(&picked, c); });
         return;
     }
     // `prefix` is the k-th key: every key above it goes in, and `need` of the

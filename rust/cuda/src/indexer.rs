@@ -197,9 +197,10 @@ pub fn select_shape(rows: u32, supertile: u32, sms: u32) -> (u32, u32) {
 const GRID_SELECT_MAX_PARTS: u32 = 128;
 
 /// Dynamic shared memory of a grid-selection CTA: the row's last CTA copies
-/// the candidates there. More than half of a Hopper SM's 228 KiB, it also
-/// keeps the grid at one CTA per SM (two fitted at 32 registers, and measured
-/// 2 us slower for one row of 131072 logits).
+/// the candidates there. With the kernel's 8 KiB of static shared memory a
+/// CTA takes more than half of a Hopper SM's 228 KiB, which also keeps the
+/// grid at one CTA per SM (two fitted at 32 registers, and measured 2 us
+/// slower for one row of 131072 logits).
 const GRID_SELECT_SHARED_BYTES: u32 = SELECT_CANDIDATES as u32 * 8;
 
 /// Candidates a cluster selection's rank 0 gathers in its shared memory
@@ -207,6 +208,17 @@ const GRID_SELECT_SHARED_BYTES: u32 = SELECT_CANDIDATES as u32 * 8;
 /// hundred of 32768 bench logits); a bigger bin takes two more levels.
 const CLUSTER_SELECT_CANDIDATES: u32 = 4096;
 const CLUSTER_SELECT_SHARED_BYTES: u32 = CLUSTER_SELECT_CANDIDATES * 8;
+
+// On an H200 (227 KiB a CTA, 228 KiB an SM with 1 KiB reserved per CTA),
+// with the kernels' static shared memory (ptxas: 8336 B grid, 24736 B
+// cluster): both pools fit, and two grid-selection CTAs do not fit one SM.
+const _: () = {
+    const OPT_IN: u32 = 232448;
+    const SM: u32 = 233472;
+    let grid_cta = GRID_SELECT_SHARED_BYTES + 8336;
+    assert!(grid_cta <= OPT_IN && 2 * (grid_cta + 1024) > SM);
+    assert!(CLUSTER_SELECT_SHARED_BYTES + 24736 <= OPT_IN);
+};
 
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
@@ -618,9 +630,10 @@ impl LaunchRecipe {
 }
 
 /// A selection kernel's launch: `grid`, clusters of `cluster` CTAs along x,
-/// as the scorer's programmatic dependent.
-fn select_config(grid: (u32, u32, u32), cluster: u32) -> LaunchConfig {
-    LaunchConfig { grid, block: (SELECT_THREADS, 1, 1), shared_bytes: 0, cluster, dependent: true }
+/// `shared_bytes` of dynamic shared memory, as the scorer's programmatic
+/// dependent.
+fn select_config(grid: (u32, u32, u32), cluster: u32, shared_bytes: u32) -> LaunchConfig {
+    LaunchConfig { grid, block: (SELECT_THREADS, 1, 1), shared_bytes, cluster, dependent: true }
 }
 
 /// What `Caps`, `Plan` and `bind` guarantee, asserted in debug builds only.
@@ -855,20 +868,13 @@ pub unsafe fn launch_indexer(
                         // SAFETY: the row state is the binding's scratch, `zero_words` words.
                         unsafe { memset_u32(a.device, state, zero_words, stream)? };
                     }
-                    let grid = (parts, a.rows, 1);
-                    let cfg = LaunchConfig {
-                        shared_bytes: GRID_SELECT_SHARED_BYTES,
-                        ..select_config(grid, 1)
-                    };
+                    let cfg = select_config((parts, a.rows, 1), 1, GRID_SELECT_SHARED_BYTES);
                     (grid_select_kernel(per), cfg)
                 }
                 None => {
                     let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
-                    let cfg = LaunchConfig {
-                        shared_bytes: CLUSTER_SELECT_SHARED_BYTES,
-                        ..select_config((cluster, a.rows, 1), cluster)
-                    };
-                    (select_kernel(per), cfg)
+                    let grid = (cluster, a.rows, 1);
+                    (select_kernel(per), select_config(grid, cluster, CLUSTER_SELECT_SHARED_BYTES))
                 }
             };
             let mut sargs = [std::ptr::addr_of_mut!(sp) as *mut c_void];
