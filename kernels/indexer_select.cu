@@ -426,15 +426,18 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     cluster_sync();  // no CTA leaves while another may still read its shared memory
 }
 
-#define SELECT_KERNEL(PER)                                                              \
+// The entry points b12x_indexer_<NAME>_p{4,8,16} of selection FN<PER>.
+#define SELECT_KERNELS(NAME, FN)                                                        \
+    SELECT_KERNEL(NAME, FN, 4)                                                          \
+    SELECT_KERNEL(NAME, FN, 8)                                                          \
+    SELECT_KERNEL(NAME, FN, 16)
+#define SELECT_KERNEL(NAME, FN, PER)                                                    \
     B12X_KERNEL void __launch_bounds__(SEL_THREADS, 1)                                  \
-        b12x_indexer_select_p##PER(const SelectParams p) {                              \
-        select_cluster<PER>(p);                                                         \
+        b12x_indexer_##NAME##_p##PER(const SelectParams p) {                            \
+        FN<PER>(p);                                                                     \
     }
 
-SELECT_KERNEL(4)
-SELECT_KERNEL(8)
-SELECT_KERNEL(16)
+SELECT_KERNELS(select, select_cluster)
 
 // ---------------------------------------------------------------------------
 // Exact top-k of a few long rows by a grid of CTAs per row (sm_90).
@@ -599,12 +602,4 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     emit(t.first_equal(prefix, ahead, take));
 }
 
-#define GRID_SELECT_KERNEL(PER)                                                         \
-    B12X_KERNEL void __launch_bounds__(SEL_THREADS, 1)                                  \
-        b12x_indexer_gselect_p##PER(const SelectParams p) {                             \
-        select_grid<PER>(p);                                                            \
-    }
-
-GRID_SELECT_KERNEL(4)
-GRID_SELECT_KERNEL(8)
-GRID_SELECT_KERNEL(16)
+SELECT_KERNELS(gselect, select_grid)
