@@ -124,6 +124,21 @@ __device__ __forceinline__ void tma_load_3d(u32 dst, const TmaDesc* map, u32 bar
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
         : "memory");
 }
+// The same copy with an L2 eviction policy (createpolicy) for the bytes read.
+__device__ __forceinline__ void tma_load_3d_hint(u32 dst, const TmaDesc* map, u32 bar, i32 c0,
+                                                 i32 c1, i32 c2, u64 policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+        "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
+        : "memory");
+}
+// Lines read through this policy are the first L2 evicts.
+__device__ __forceinline__ u64 l2_evict_first_policy() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
 __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, u32 bar, i32 c0, i32 c1) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -304,6 +319,10 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         // four warps issue the copies side by side; prefill: warp 0 feeds all.
         // Warp 0 alone loads Q.
         if (PREFILL ? warp != 0 : warp >= HP_CONSUMERS) return;
+        // Decode streams each K page once: evict it first, so the logits the
+        // selection reads next stay in L2. Prefill reads each page again for
+        // every row block, from L2.
+        const u64 k_policy = l2_evict_first_policy();
         u32 kit = 0, sit = 0;
         hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
             const BlockRows<RPB> br = hp_block<RPB>(p, blk);
@@ -344,8 +363,12 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                         pids[st] = pid;
                         if (pid >= 0) {
                             mbar_expect_tx(full_k(st), HP_PAGE_K_BYTES + HP_PAGE_SCALE_BYTES);
-                            tma_load_3d(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map, full_k(st),
-                                        0, 0, pid);
+                            if (PREFILL)
+                                tma_load_3d(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
+                                            full_k(st), 0, 0, pid);
+                            else
+                                tma_load_3d_hint(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
+                                                 full_k(st), 0, 0, pid, k_policy);
                             tma_load_2d(base + L::SCALE + st * HP_PAGE_SCALE_BYTES, &hp.scale_map,
                                         full_k(st), 0, pid);
                         } else {
