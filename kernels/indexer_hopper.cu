@@ -40,7 +40,7 @@
 #define HP_CONSUMERS 4
 #define HP_THREADS 640  // producer warpgroup (one warp works) + 4 consumer warpgroups
 static_assert(HP_THREADS == 128 * (1 + HP_CONSUMERS), "one warpgroup per role");
-#define HP_DECODE_STAGES 20
+#define HP_DECODE_STAGES 16
 #define HP_PREFILL_STAGES 8
 #define HP_PREFILL_ROWS 8  // query rows of a prefill block (2 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit

@@ -50,7 +50,7 @@ const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 /// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
 /// four consumer warpgroups per CTA, K rings of these depths.
 const HOPPER_THREADS: u32 = 640;
-const HOPPER_DECODE_STAGES: u32 = 20;
+const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
 
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
@@ -1034,10 +1034,10 @@ mod tests {
     #[test]
     fn hopper_shapes_fit_the_h200() {
         const H200: u32 = 232448;
-        // decode: 20 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers, the scan
+        // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers, the scan
         assert_eq!(
             hopper_shared_bytes(64, 1),
-            20 * 8192 + 2 * 8192 + 20 * 260 + 44 * 8 + 4097 * 4 + 128 + 1024
+            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
         );
         // prefill: 8 rows x 64 heads of Q per stage
         assert_eq!(
