@@ -133,6 +133,18 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 src_byt
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                  "r"(src_bytes));
 }
+// An L2 policy for bytes read once: its lines are the first L2 evicts, so a
+// streamed K cache leaves the logits written beside it in L2 for the selection.
+__device__ __forceinline__ u64 l2_evict_first_policy() {
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    return policy;
+}
+// cp_async16 of all 16 bytes under an L2 policy.
+__device__ __forceinline__ void cp_async16_hint(u32 dst, const void* src, u64 policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst),
+                 "l"(src), "l"(policy));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are in flight.
 template <int N>

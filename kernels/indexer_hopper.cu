@@ -133,12 +133,6 @@ __device__ __forceinline__ void tma_load_3d_hint(u32 dst, const TmaDesc* map, u3
         "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "l"(policy)
         : "memory");
 }
-// Lines read through this policy are the first L2 evicts.
-__device__ __forceinline__ u64 l2_evict_first_policy() {
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    return policy;
-}
 __device__ __forceinline__ void tma_load_2d(u32 dst, const TmaDesc* map, u32 bar, i32 c0, i32 c1) {
     asm volatile(
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"

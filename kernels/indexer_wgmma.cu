@@ -121,16 +121,23 @@ __device__ __forceinline__ u32 dynamic_smem_bytes() {
 
 // Starts the copy of one K page (tokens and scales) into ring stage `stage`;
 // an unmapped page copies nothing. Thread 0 records the page id for the
-// consumers (read after the barrier that follows the copy).
-template <class L>
-__device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u32 stage, i32 pid) {
+// consumers (read after the barrier that follows the copy). Decode
+// (kStream) reads each page once, prefill again for every row block: decode
+// copies its tokens under `stream_policy` (l2_evict_first_policy).
+template <class L, bool kStream>
+__device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u32 stage, i32 pid,
+                                              u64 stream_policy) {
     const u32 tid = threadIdx.x;
     if (pid >= 0) {
         const u8* src = p.kcache + (u64)pid * p.page_stride;
         const u32 dst = smem_addr(smem + L::K + stage * WG_TILE_BYTES);
 #pragma unroll
-        for (u32 c = tid; c < WG_TILE_BYTES / 16; c += WG_THREADS)
-            cp_async16(dst + sw128(c >> 3, c & 7), src + c * 16);
+        for (u32 c = tid; c < WG_TILE_BYTES / 16; c += WG_THREADS) {
+            if (kStream)
+                cp_async16_hint(dst + sw128(c >> 3, c & 7), src + c * 16, stream_policy);
+            else
+                cp_async16(dst + sw128(c >> 3, c & 7), src + c * 16);
+        }
         if (tid < IDX_PAGE_ROWS * 4 / 16)
             cp_async16(smem_addr(smem + L::SCALE + stage * IDX_PAGE_ROWS * 4) + tid * 16,
                           src + IDX_SCALE_OFFSET + tid * 16);
@@ -262,10 +269,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         return -1;
     };
 
+    const u64 stream_policy = l2_evict_first_policy();
     // The first pages' copies run while Q is staged.
 #pragma unroll
     for (u32 s = 0; s < L::STAGES - 1; ++s) {
-        if (page0 + s < page_end) wg_issue_page<L>(p, smem, s, page_id(page0 + s));
+        if (page0 + s < page_end)
+            wg_issue_page<L, ROWS == 1>(p, smem, s, page_id(page0 + s), stream_policy);
         cp_async_commit();
     }
     wg_stage_q<NH, L, FP8>(p, smem, row0);
@@ -301,7 +310,8 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         __syncthreads();  // ... from every thread; every thread is done with stage idx - 1
         const u32 ahead = i + L::STAGES - 1;
         if (ahead < page_end)
-            wg_issue_page<L>(p, smem, (idx + L::STAGES - 1) % L::STAGES, page_id(ahead));
+            wg_issue_page<L, ROWS == 1>(p, smem, (idx + L::STAGES - 1) % L::STAGES, page_id(ahead),
+                                        stream_policy);
         cp_async_commit();
         // A fragments: this lane's 32 bytes (chunks 2 tig, 2 tig + 1) of rows
         // t_lo, t_lo + 8 (f16: word s widens to the fragment of k step s;
