@@ -309,10 +309,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     if (warp < 4) {
         // ---------------- producer
         regs_dec<HP_PRODUCER_REGS>();
-        // Decode: warp w feeds consumer warpgroup w (the pages it takes), so
-        // four warps issue the copies side by side; prefill: warp 0 feeds all.
-        // Warp 0 alone loads Q.
-        if (PREFILL ? warp != 0 : warp >= HP_CONSUMERS) return;
+        if (warp != 0) return;
         // Decode streams each K page once: evict it first, so the logits the
         // selection reads next stay in L2. Prefill reads each page again for
         // every row block, from L2.
@@ -322,20 +319,17 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const BlockRows<RPB> br = hp_block<RPB>(p, blk);
             pe = min(pe, br.pages);
             const u32 qs = sit & 1;
-            if (warp == 0) {
-                mbar_wait(empty_q(qs), ((sit >> 1) & 1) ^ 1);
-                if (lane == 0) {
-                    mbar_expect_tx(full_q(qs), L::Q_BYTES);
-                    tma_load_3d(base + L::Q + qs * L::Q_BYTES, &hp.q_map, full_q(qs), 0, 0,
-                                (i32)br.row0);
-                }
+            mbar_wait(empty_q(qs), ((sit >> 1) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(full_q(qs), L::Q_BYTES);
+                tma_load_3d(base + L::Q + qs * L::Q_BYTES, &hp.q_map, full_q(qs), 0, 0,
+                            (i32)br.row0);
             }
             const i32* pt = pt_base + (u64)br.row0 * p.pt_row_stride;
             for (u32 i0 = pb; i0 < pe; i0 += 32) {
                 const i32 mine = i0 + lane < pe ? pt[i0 + lane] : -1;
                 const u32 count = min(32u, pe - i0);
-                for (u32 j = 0; j < count; ++j, ++kit) {
-                    if (!PREFILL && kit % HP_CONSUMERS != warp) continue;
+                for (u32 j = 0; j < count; ++j) {
                     i32 pid = __shfl_sync(0xffffffffu, mine, j);
                     const u32 page = i0 + j;
                     if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
@@ -369,6 +363,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                             mbar_arrive(full_k(st));  // nothing to copy: stale bytes, no stores
                         }
                     }
+                    ++kit;
                 }
             }
             ++sit;
