@@ -203,6 +203,28 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The quad's sums of NV values (NV = 2 or 4, x[v] this lane's share of value
+// v): lane tig gets value tig % NV summed over the quad's 4 lanes, in the
+// order quad_sum adds (the same bits), from NV - 1 shuffles instead of 2 NV.
+template <int NV>
+__device__ __forceinline__ float quad_reduce_scatter(const float (&x)[NV], u32 tig) {
+    static_assert(NV == 2 || NV == 4, "two or four values a quad");
+    const bool b0 = tig & 1, b1 = tig & 2;
+    // Step 1 (lanes tig, tig ^ 1): keep values with bit 0 = b0, send the others.
+    float y[NV / 2];
+#pragma unroll
+    for (int i = 0; i < NV / 2; ++i) {
+        const float keep = b0 ? x[2 * i + 1] : x[2 * i];
+        const float send = b0 ? x[2 * i] : x[2 * i + 1];
+        y[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+    }
+    if (NV == 2) return y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
+    // Step 2 (lanes tig, tig ^ 2): keep the value with bit 1 = b1.
+    const float keep = b1 ? y[NV / 2 - 1] : y[0];
+    const float send = b1 ? y[0] : y[NV / 2 - 1];
+    return keep + __shfl_xor_sync(0xffffffffu, send, 2);
+}
+
 // relu that keeps NaN (fmaxf would turn a NaN dot into 0; torch.relu keeps it).
 __device__ __forceinline__ float relu_nan(float x) {
     float y;

@@ -373,25 +373,36 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 
     // ---------------- consumers
     regs_inc<HP_CONSUMER_REGS>();
-    const u32 wg = warp / 4 - 1;  // consumer warpgroup 0 .. HP_CONSUMERS - 1
+    // Warp-uniform by construction (lane 0's value): the compiler keeps what
+    // follows from it (descriptors, stages) in uniform registers.
+    const u32 wg = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // consumer warpgroup
     const u32 cw = warp & 3;      // warp within it: tokens 16 cw .. 16 cw + 15 of a page
     const u32 gid = lane >> 2, tig = lane & 3;
     const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
     constexpr int N = QR * HP;
     constexpr int J = N / 8;  // n8 groups of a thread's accumulators
+    static_assert(QR <= 2, "a quad's 2 QR logits of a page fit its 4 lanes");
     using Mma = WgmmaFp8Ss<N>;
     float d[Mma::REGS];
     float wreg[J][2];
+    // The logit this lane stores from each page: v = tig of the quad's 2 QR
+    // [lo0, hi0, lo1, hi1] (decode: lanes 0 and 1 store, 2 and 3 hold copies);
+    // row tile + (v >> 1), token t_lo + 8 (v & 1).
+    const u32 my_v = tig & (2 * QR - 1);
+    const u32 my_r = my_v >> 1, my_t = t_lo + 8 * (my_v & 1);
+    const bool stores = tig < 2 * QR;
+    // Descriptors advance by address / 16 (the start field): K stage st and
+    // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
+    const u64 k_desc = hp_desc(base + L::K);
     u32 kit = 0, sit = 0;
     hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
         pe = min(pe, br.pages);
         const u32 tile = PREFILL ? wg * QR : 0;  // first row of this warpgroup's tile in the block
         const u32 row0 = br.row0 + tile;
-        u32 n_tile[QR];  // chunk tokens of the tile's rows
-#pragma unroll
-        for (int r = 0; r < QR; ++r) n_tile[r] = hp_chunk_tokens(p, row0 + r);
+        const u32 my_n = hp_chunk_tokens(p, row0 + my_r);  // chunk tokens of this lane's row
+        float* const out = p.logits + (u64)(row0 + my_r) * p.logits_row_stride + my_t;
         // Weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)).
 #pragma unroll
         for (int j = 0; j < J; ++j) {
@@ -404,54 +415,39 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         }
         const u32 qs = sit & 1;
         mbar_wait(full_q(qs), (sit >> 1) & 1);
-        const u32 q_tile = base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM;
+        const u64 q_desc = hp_desc(base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM);
         for (u32 page = pb; page < pe; ++page, ++kit) {
             // decode: pages round-robin over the warpgroups; prefill: all on every page
             if (!PREFILL && kit % HP_CONSUMERS != wg) continue;
             const u32 st = kit % STAGES;
             mbar_wait(full_k(st), (kit / STAGES) & 1);
             const i32 pid = pids[st];
-            const float sc_lo = scales[st * IDX_PAGE_ROWS + t_lo];
-            const float sc_hi = scales[st * IDX_PAGE_ROWS + t_lo + 8];
+            const float sc = scales[st * IDX_PAGE_ROWS + my_t];
             hp_wgmma_fence();
-            const u32 a = base + L::K + st * HP_PAGE_K_BYTES;
-            Mma::mma_first(d, hp_desc(a), hp_desc(q_tile));
+            const u64 a = k_desc + st * (HP_PAGE_K_BYTES / 16);
+            Mma::mma_first(d, a, q_desc);
 #pragma unroll
-            for (int s = 1; s < 4; ++s) Mma::mma(d, hp_desc(a + 32 * s), hp_desc(q_tile + 32 * s));
+            for (int s = 1; s < 4; ++s) Mma::mma(d, a + 2 * s, q_desc + 2 * s);
             hp_wgmma_commit();
             hp_wgmma_wait<0>();
             Mma::fence_operands(d);
             mbar_arrive(empty_k(st));
 
-            // relu * weight over each row's heads, times the token's scale.
-            float lo[QR], hi[QR];
+            // relu * weight over each row's heads: this lane's share.
+            float x[2 * QR];
 #pragma unroll
-            for (int r = 0; r < QR; ++r) lo[r] = hi[r] = 0.0f;
+            for (int v = 0; v < 2 * QR; ++v) x[v] = 0.0f;
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int r = j / (HP / 8);
-                lo[r] = fmaf(relu_nan(d[4 * j]), wreg[j][0], lo[r]);
-                lo[r] = fmaf(relu_nan(d[4 * j + 1]), wreg[j][1], lo[r]);
-                hi[r] = fmaf(relu_nan(d[4 * j + 2]), wreg[j][0], hi[r]);
-                hi[r] = fmaf(relu_nan(d[4 * j + 3]), wreg[j][1], hi[r]);
+                x[2 * r] = fmaf(relu_nan(d[4 * j]), wreg[j][0], x[2 * r]);
+                x[2 * r] = fmaf(relu_nan(d[4 * j + 1]), wreg[j][1], x[2 * r]);
+                x[2 * r + 1] = fmaf(relu_nan(d[4 * j + 2]), wreg[j][0], x[2 * r + 1]);
+                x[2 * r + 1] = fmaf(relu_nan(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
             }
-#pragma unroll
-            for (int r = 0; r < QR; ++r) {
-                lo[r] = quad_sum(lo[r]);
-                hi[r] = quad_sum(hi[r]);
-            }
-            const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
-            // 2 QR values per quad [lo0, hi0, lo1, ...]: lane tig stores v = tig (mod 4).
-#pragma unroll
-            for (int v = 0; v < 2 * QR; ++v) {
-                if ((v & 3) != (int)tig) continue;
-                const int r = v / 2;
-                const u32 t = tok0 + t_lo + 8 * (v & 1);
-                if (t < n_tile[r]) {
-                    const float val = (v & 1) ? hi[r] * sc_hi : lo[r] * sc_lo;
-                    p.logits[(u64)(row0 + r) * p.logits_row_stride + t] = pid >= 0 ? val : skip;
-                }
-            }
+            const float val = quad_reduce_scatter<2 * QR>(x, tig) * sc;
+            const u32 t = page * IDX_PAGE_ROWS + my_t;  // chunk-local
+            if (stores && t < my_n) out[page * IDX_PAGE_ROWS] = pid >= 0 ? val : skip;
         }
         mbar_arrive(empty_q(qs));
         ++sit;
