@@ -200,7 +200,7 @@ __device__ __forceinline__ void static_for(F&& f) {
 // Per page, kept in registers so its ring stage can be refilled early.
 struct PageRegs {
     i32 pid;
-    float scale_lo, scale_hi;  // scales of this lane's tokens t_lo and t_lo + 8
+    float scale;  // scale of the token this lane stores (my_t)
 };
 
 template <bool B, class T, class F>
@@ -291,6 +291,25 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const u32 gid = lane >> 2, tig = lane & 3;
     const u32 t_lo = 16 * warp + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
+    // The logit this lane stores from each unit: v = tig of the quad's
+    // 2 UROWS [lo0, hi0, lo1, hi1] (decode: lanes 0 and 1 store, 2 and 3 hold
+    // copies): row HALF * UROWS + (v >> 1), token t_lo + 8 (v & 1); per half,
+    // its row's chunk tokens and its logits (selects: no local memory).
+    static_assert(UROWS <= 2, "a quad's 2 UROWS logits of a unit fit its 4 lanes");
+    const u32 my_v = tig & (2 * UROWS - 1);
+    const u32 my_t = t_lo + 8 * (my_v & 1);
+    const bool stores = tig < 2 * UROWS;
+    u32 my_n[SPLIT];
+    float* my_out[SPLIT];
+#pragma unroll
+    for (int h = 0; h < SPLIT; ++h) {
+        const u32 rr = h * UROWS + (my_v >> 1);
+        u32 n = 0;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) n = (u32)r == rr ? n_chunk[r] : n;
+        my_n[h] = n;
+        my_out[h] = p.logits + (u64)(row0 + rr) * p.logits_row_stride + my_t;
+    }
     const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
     const u32 q_base = smem_addr(smem + L::Q);
@@ -343,8 +362,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
             }
         }
         pr[B].pid = pids[stage];
-        pr[B].scale_lo = scales[stage * IDX_PAGE_ROWS + t_lo];
-        pr[B].scale_hi = scales[stage * IDX_PAGE_ROWS + t_lo + 8];
+        pr[B].scale = scales[stage * IDX_PAGE_ROWS + my_t];
     };
 
     // Issues the KSTEPS MMAs of one unit (eight k16 or four k32): page buffer
@@ -367,41 +385,27 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         constexpr int P = decltype(pc)::value, D = decltype(dc)::value;
         constexpr int HALF = decltype(hc)::value;
         Mma::fence_operands(d[D]);
-        float lo[UROWS], hi[UROWS];
+        float x[2 * UROWS];  // [lo0, hi0, lo1, hi1]: this lane's share
 #pragma unroll
-        for (int r = 0; r < UROWS; ++r) lo[r] = hi[r] = 0.0f;
+        for (int v = 0; v < 2 * UROWS; ++v) x[v] = 0.0f;
         const float* wrow = ws + tig * L::W_ROW * 2 + HALF * (UN / 8) * 2;
 #pragma unroll
         for (int j = 0; j < UN / 8; j += 2) {
             const float4 w = *reinterpret_cast<const float4*>(wrow + 2 * j);
             const int r0 = (8 * j) / NH, r1 = (8 * (j + 1)) / NH;
-            lo[r0] = fmaf(relu_nan(d[D][4 * j]), w.x, lo[r0]);
-            lo[r0] = fmaf(relu_nan(d[D][4 * j + 1]), w.y, lo[r0]);
-            hi[r0] = fmaf(relu_nan(d[D][4 * j + 2]), w.x, hi[r0]);
-            hi[r0] = fmaf(relu_nan(d[D][4 * j + 3]), w.y, hi[r0]);
-            lo[r1] = fmaf(relu_nan(d[D][4 * j + 4]), w.z, lo[r1]);
-            lo[r1] = fmaf(relu_nan(d[D][4 * j + 5]), w.w, lo[r1]);
-            hi[r1] = fmaf(relu_nan(d[D][4 * j + 6]), w.z, hi[r1]);
-            hi[r1] = fmaf(relu_nan(d[D][4 * j + 7]), w.w, hi[r1]);
+            x[2 * r0] = fmaf(relu_nan(d[D][4 * j]), w.x, x[2 * r0]);
+            x[2 * r0] = fmaf(relu_nan(d[D][4 * j + 1]), w.y, x[2 * r0]);
+            x[2 * r0 + 1] = fmaf(relu_nan(d[D][4 * j + 2]), w.x, x[2 * r0 + 1]);
+            x[2 * r0 + 1] = fmaf(relu_nan(d[D][4 * j + 3]), w.y, x[2 * r0 + 1]);
+            x[2 * r1] = fmaf(relu_nan(d[D][4 * j + 4]), w.z, x[2 * r1]);
+            x[2 * r1] = fmaf(relu_nan(d[D][4 * j + 5]), w.w, x[2 * r1]);
+            x[2 * r1 + 1] = fmaf(relu_nan(d[D][4 * j + 6]), w.z, x[2 * r1 + 1]);
+            x[2 * r1 + 1] = fmaf(relu_nan(d[D][4 * j + 7]), w.w, x[2 * r1 + 1]);
         }
-#pragma unroll
-        for (int r = 0; r < UROWS; ++r) {
-            lo[r] = quad_sum(lo[r]);
-            hi[r] = quad_sum(hi[r]);
-        }
-        const bool mapped = pr[P].pid >= 0;
-        const u32 tok0 = page * IDX_PAGE_ROWS;  // chunk-local
-        // 2 * UROWS values per quad, [lo0, hi0, lo1, hi1, ...]: lane tig stores v = tig (mod 4).
-#pragma unroll
-        for (int v = 0; v < 2 * UROWS; ++v) {
-            if ((v & 3) != (int)tig) continue;
-            const int rr = HALF * UROWS + v / 2;
-            const u32 t = tok0 + t_lo + 8 * (v & 1);
-            if (exists && t < n_chunk[rr]) {
-                const float val = (v & 1) ? hi[v / 2] * pr[P].scale_hi : lo[v / 2] * pr[P].scale_lo;
-                p.logits[(u64)(row0 + rr) * p.logits_row_stride + t] = mapped ? val : skip;
-            }
-        }
+        const float val = quad_reduce_scatter<2 * UROWS>(x, tig) * pr[P].scale;
+        const u32 t = page * IDX_PAGE_ROWS + my_t;  // chunk-local
+        if (stores && exists && t < my_n[HALF])
+            my_out[HALF][page * IDX_PAGE_ROWS] = pr[P].pid >= 0 ? val : skip;
     };
 
     // Windows of WINDOW pages. Inside a window the next unit's MMAs are
