@@ -116,12 +116,20 @@ def hooks(monkeypatch):
     indexer_hooks.uninstall()
 
 
+SLOWER_PREFILL = table(
+    decode_a=("decode", 80.0, 70.0, 98.2), prefill_b=("prefill", 4345.7, 2600.0, 2540.0)
+)
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 def test_on_hopper_with_deepgemm_the_hooks_decline_once_with_the_figures(
-    hooks, monkeypatch, caplog
+    hooks, monkeypatch, caplog, precision
 ):
     # this CPU stands in for the device check's last step: a Hopper GPU where
-    # vLLM has DeepGEMM (the rule then reads the committed figures)
+    # vLLM has DeepGEMM, and figures where b12x's prefill is slower than stock
     monkeypatch.setattr(speed_rule, "stock_fast_path", lambda inside_vllm: True)
+    monkeypatch.setattr(speed_rule, "load_figures", lambda: SLOWER_PREFILL)
+    monkeypatch.setattr(speed_rule, "PLAN_PRECISION", precision)
     monkeypatch.setattr(hooks, "_device_reason", lambda: hooks._speed_reason(HOPPER))
     with caplog.at_level(logging.INFO, logger="b12x.integration.vllm"):
         assert hooks.install(s.make_config()) is False
@@ -129,10 +137,19 @@ def test_on_hopper_with_deepgemm_the_hooks_decline_once_with_the_figures(
     logged = [r.getMessage() for r in caplog.records if "b12x indexer not used" in r.getMessage()]
     assert len(logged) == 1
     assert "not shown at least as fast as stock vLLM on sm_90" in logged[0]
-    prefill = speed_rule.load_figures()["sm_90"]["cases"]["prefill_r4096_L32768"]
-    assert f"prefill_r4096_L32768: b12x {prefill['exact_us']:.1f} us" in logged[0]
+    ours = SLOWER_PREFILL["sm_90"]["cases"]["prefill_b"][f"{precision}_us"]
+    assert f"({precision} precision" in logged[0]
+    assert f"prefill_b: b12x {ours:.1f} us, stock 2540.0 us" in logged[0]
     assert "vLLM's own indexer runs" in logged[0]
     assert not hooks.installed()
+
+
+def test_on_hopper_with_deepgemm_the_hooks_follow_the_committed_figures(hooks, monkeypatch):
+    monkeypatch.setattr(speed_rule, "stock_fast_path", lambda inside_vllm: True)
+    monkeypatch.setattr(hooks, "_device_reason", lambda: hooks._speed_reason(HOPPER))
+    rule = speed_rule.decide(HOPPER, speed_rule.PLAN_PRECISION, True)
+    assert hooks.install(s.make_config()) is rule.use_b12x
+    assert hooks.installed() is rule.use_b12x
 
 
 def test_without_deepgemm_the_hooks_install_b12x(hooks, monkeypatch):
