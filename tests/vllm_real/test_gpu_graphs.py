@@ -103,4 +103,5 @@ def test_a_full_decode_graph_gives_fresh_results_after_each_metadata_rewrite(spe
             torch.cuda.synchronize()
             visible = s.visible_rows(requests, 4)
             logits = g.vllm_logits(q, w, model.cache, table, visible)
-            s.assert_matches_vllm(model.buffer[:tokens], logits, visible)
+            s.assert_matches_reference(model.buffer[:tokens], q, w, model.cache, table, visible,
+                                       logits)  # fmt: skip

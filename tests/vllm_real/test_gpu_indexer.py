@@ -45,7 +45,8 @@ def select(model, metadata, q, w):
 def check(model, requests, table, q, w, out):
     rows = s.visible_rows(requests, 4)
     assert out.is_cuda
-    s.assert_matches_vllm(out[: len(rows)], g.vllm_logits(q, w, model.cache, table, rows), rows)
+    logits = g.vllm_logits(q, w, model.cache, table, rows)
+    s.assert_matches_reference(out[: len(rows)], q, w, model.cache, table, rows, logits)
 
 
 @pytest.mark.parametrize("cls", [STOCK, B12X], ids=["stock-builder", "b12x-builder"])
@@ -176,5 +177,6 @@ def test_v32_layer_runs_b12x_through_the_call_its_attention_makes(hooks):
     with g.workspace_manager(), set_forward_context({indexer.k_cache.prefix: metadata}, config):
         out = v32_call(indexer, q, w, hidden)
     assert out is indexer.topk_indices_buffer
-    logits = g.vllm_logits(q, w, indexer.k_cache.kv_cache, table, rows)
-    s.assert_matches_vllm(out[: len(rows)], logits, rows)
+    cache = indexer.k_cache.kv_cache
+    logits = g.vllm_logits(q, w, cache, table, rows)
+    s.assert_matches_reference(out[: len(rows)], q, w, cache, table, rows, logits)

@@ -149,7 +149,7 @@ def test_the_forks_calls_run_unmodified_on_vllms_cache_and_locked_workspace():
             manager, q[:2], w[:2], layer.kv_cache, decode_lens, table[:2], out[:2], shared=False
         )
 
-    s.assert_matches_vllm(out, s.vllm_logits(q, w, layer.kv_cache, table, rows), rows)
+    s.assert_matches_reference(out, q, w, layer.kv_cache, table, rows)
 
 
 @pytest.mark.parametrize("profile_rows", [200, 2048, 8192])
