@@ -321,18 +321,15 @@ def vllm_logits(
     )
 
 
+Tensor = torch.Tensor
+Rows = Sequence[tuple[int, int]]  # (owning request row, visible positions) per token row
+
 # precision="fast" (dsa_indexer.Caps): each logit within this fraction of its
 # magnitude (logit_magnitude) of the fp32 one
 FAST_TOLERANCE = 1e-3
 
 
-def logit_magnitude(
-    q: torch.Tensor,
-    w: torch.Tensor,
-    cache: torch.Tensor,
-    table: torch.Tensor,
-    rows: Sequence[tuple[int, int]],
-) -> torch.Tensor:
+def logit_magnitude(q: Tensor, w: Tensor, cache: Tensor, table: Tensor, rows: Rows) -> Tensor:
     """``|scale| * sum_h |w_h| * |q_h . k|`` per token row and position, as
     ``vllm_logits`` lays them out: what the fast precision's tolerance is
     relative to (``|logit|`` itself when no term is negative)."""
