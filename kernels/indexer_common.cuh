@@ -218,12 +218,31 @@ __device__ __forceinline__ float quad_reduce_scatter(const float (&x)[NV], u32 t
         const float send = b0 ? x[2 * i] : x[2 * i + 1];
         y[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
     }
-    if (NV == 2) return y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
+    if constexpr (NV == 2) return y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
     // Step 2 (lanes tig, tig ^ 2): keep the value with bit 1 = b1.
     const float keep = b1 ? y[NV / 2 - 1] : y[0];
     const float send = b1 ? y[0] : y[NV / 2 - 1];
     return keep + __shfl_xor_sync(0xffffffffu, send, 2);
 }
+
+// Which of its quad's 2 R logits [lo0, hi0, lo1, hi1] a lane stores (row r:
+// tokens t_lo and t_lo + 8): value tig % (2 R), quad_reduce_scatter's order.
+// R = 1: lanes 0 and 1 store, lanes 2 and 3 hold copies.
+template <int R>
+struct QuadLogit {
+    static_assert(R == 1 || R == 2, "a quad's 2 R logits fit its 4 lanes");
+    u32 token;    // t_lo + 8 (value & 1)
+    u32 row;      // r of the value
+    bool stores;  // the one lane of the value
+    __device__ __forceinline__ QuadLogit(u32 tig, u32 t_lo)
+        : QuadLogit(tig & (2 * R - 1), t_lo, tig) {}
+
+   private:
+    // The value v once, then token and row from it: the form the scorers were
+    // measured with (their PTX is byte-identical to it).
+    __device__ __forceinline__ QuadLogit(u32 v, u32 t_lo, u32 tig)
+        : token(t_lo + 8 * (v & 1)), row(v >> 1), stores(tig < 2 * R) {}
+};
 
 // relu that keeps NaN (fmaxf would turn a NaN dot into 0; torch.relu keeps it).
 __device__ __forceinline__ float relu_nan(float x) {

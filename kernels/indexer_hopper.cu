@@ -388,16 +388,10 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     const float skip = idx_not_candidate();
     constexpr int N = QR * HP;
     constexpr int J = N / 8;  // n8 groups of a thread's accumulators
-    static_assert(QR <= 2, "a quad's 2 QR logits of a page fit its 4 lanes");
     using Mma = WgmmaFp8Ss<N>;
     float d[Mma::REGS];
     float wreg[J][2];
-    // The logit this lane stores from each page: v = tig of the quad's 2 QR
-    // [lo0, hi0, lo1, hi1] (decode: lanes 0 and 1 store, 2 and 3 hold copies);
-    // row tile + (v >> 1), token t_lo + 8 (v & 1).
-    const u32 my_v = tig & (2 * QR - 1);
-    const u32 my_r = my_v >> 1, my_t = t_lo + 8 * (my_v & 1);
-    const bool stores = tig < 2 * QR;
+    const QuadLogit<QR> lane_out(tig, t_lo);  // the logit this lane stores from each page
     // Descriptors advance by address / 16 (the start field): K stage st and
     // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
     const u64 k_desc = hp_desc(base + L::K);
@@ -407,8 +401,9 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         pe = min(pe, br.pages);
         const u32 tile = PREFILL ? wg * QR : 0;  // first row of this warpgroup's tile in the block
         const u32 row0 = br.row0 + tile;
-        const u32 my_n = hp_chunk_tokens(p, row0 + my_r);  // chunk tokens of this lane's row
-        float* const out = p.logits + (u64)(row0 + my_r) * p.logits_row_stride + my_t;
+        const u32 my_row = row0 + lane_out.row;
+        const u32 my_n = hp_chunk_tokens(p, my_row);  // chunk tokens of this lane's row
+        float* const out = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
         // Weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)).
 #pragma unroll
         for (int j = 0; j < J; ++j) {
@@ -428,7 +423,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const u32 st = kit % STAGES;
             mbar_wait(full_k(st), (kit / STAGES) & 1);
             const i32 pid = pids[st];
-            const float sc = scales[st * IDX_PAGE_ROWS + my_t];
+            const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
             hp_wgmma_fence();
             const u64 a = k_desc + st * (HP_PAGE_K_BYTES / 16);
             Mma::mma_first(d, a, q_desc);
@@ -452,8 +447,8 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 x[2 * r + 1] = fmaf(relu_nan(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
             }
             const float val = quad_reduce_scatter<2 * QR>(x, tig) * sc;
-            const u32 t = page * IDX_PAGE_ROWS + my_t;  // chunk-local
-            if (stores && t < my_n) out[page * IDX_PAGE_ROWS] = pid >= 0 ? val : skip;
+            const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
+            if (lane_out.stores && t < my_n) out[page * IDX_PAGE_ROWS] = pid >= 0 ? val : skip;
         }
         mbar_arrive(empty_q(qs));
         ++sit;

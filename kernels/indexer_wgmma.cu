@@ -200,7 +200,7 @@ __device__ __forceinline__ void static_for(F&& f) {
 // Per page, kept in registers so its ring stage can be refilled early.
 struct PageRegs {
     i32 pid;
-    float scale;  // scale of the token this lane stores (my_t)
+    float scale;  // scale of the token this lane stores (lane_out.token)
 };
 
 template <bool B, class T, class F>
@@ -291,24 +291,19 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     const u32 gid = lane >> 2, tig = lane & 3;
     const u32 t_lo = 16 * warp + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
-    // The logit this lane stores from each unit: v = tig of the quad's
-    // 2 UROWS [lo0, hi0, lo1, hi1] (decode: lanes 0 and 1 store, 2 and 3 hold
-    // copies): row HALF * UROWS + (v >> 1), token t_lo + 8 (v & 1); per half,
-    // its row's chunk tokens and its logits (selects: no local memory).
-    static_assert(UROWS <= 2, "a quad's 2 UROWS logits of a unit fit its 4 lanes");
-    const u32 my_v = tig & (2 * UROWS - 1);
-    const u32 my_t = t_lo + 8 * (my_v & 1);
-    const bool stores = tig < 2 * UROWS;
+    // The logit this lane stores from each unit (row HALF * UROWS + lane_out.row);
+    // per half, its row's chunk tokens and its logits (selects: no local memory).
+    const QuadLogit<UROWS> lane_out(tig, t_lo);
     u32 my_n[SPLIT];
     float* my_out[SPLIT];
 #pragma unroll
     for (int h = 0; h < SPLIT; ++h) {
-        const u32 rr = h * UROWS + (my_v >> 1);
+        const u32 rr = h * UROWS + lane_out.row;
         u32 n = 0;
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) n = (u32)r == rr ? n_chunk[r] : n;
         my_n[h] = n;
-        my_out[h] = p.logits + (u64)(row0 + rr) * p.logits_row_stride + my_t;
+        my_out[h] = p.logits + (u64)(row0 + rr) * p.logits_row_stride + lane_out.token;
     }
     const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
@@ -362,7 +357,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
             }
         }
         pr[B].pid = pids[stage];
-        pr[B].scale = scales[stage * IDX_PAGE_ROWS + my_t];
+        pr[B].scale = scales[stage * IDX_PAGE_ROWS + lane_out.token];
     };
 
     // Issues the KSTEPS MMAs of one unit (eight k16 or four k32): page buffer
@@ -403,8 +398,8 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
             x[2 * r1 + 1] = fmaf(relu_nan(d[D][4 * j + 7]), w.w, x[2 * r1 + 1]);
         }
         const float val = quad_reduce_scatter<2 * UROWS>(x, tig) * pr[P].scale;
-        const u32 t = page * IDX_PAGE_ROWS + my_t;  // chunk-local
-        if (stores && exists && t < my_n[HALF])
+        const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
+        if (lane_out.stores && exists && t < my_n[HALF])
             my_out[HALF][page * IDX_PAGE_ROWS] = pr[P].pid >= 0 ? val : skip;
     };
 
