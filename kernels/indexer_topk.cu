@@ -22,6 +22,8 @@
 // dynamic shared memory sized by topk_shared_bytes in rust/cuda/src/indexer.rs):
 //   fold         carry + chunk logits           -> next carry, or the outputs on the last chunk
 //   fold_prefix  the same, 16-bit prefix stage  (two CTAs per SM)
+//   stream       the same, no stage: the radix path from global memory
+//                (TOPK_STREAM_THREADS-thread CTAs, several per SM)
 //   slice        one slice of the chunk logits  -> that slice's top-k (partials)
 //   merge        carry + every slice's partials -> next carry, or the outputs
 // Logits of tokens on unmapped pages hold IDX_NOT_CANDIDATE_BITS and are
@@ -37,6 +39,9 @@ typedef unsigned short u16;
 #define TOPK_CAP 3072
 #define TOPK_MAX_BINS 4096
 #define TOPK_UNROLL 2  // float4 groups in flight per thread and round (unrolled form)
+#define TOPK_STREAM_THREADS 512  // the stream kernel's CTA
+#define TOPK_STREAM_CTAS 3       // ... and how many share an SM (registers)
+#define TOPK_STREAM_UNROLL 2
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -226,8 +231,9 @@ struct ValueSink {  // carry or partial list: (value, logical index)
         v[slot] = val;
         i[slot] = (i32)idx;
     }
+    template <u32 NT = TOPK_THREADS>
     __device__ __forceinline__ void pad(u32 from, u32 to) const {
-        for (u32 j = from + threadIdx.x; j < to; j += TOPK_THREADS) {
+        for (u32 j = from + threadIdx.x; j < to; j += NT) {
             v[j] = idx_not_candidate();
             i[j] = -1;
         }
@@ -250,8 +256,9 @@ struct OutputSink {  // the user's outputs, logical or physical indices
         idx[slot] = out;
         if (scores != nullptr) scores[slot] = val;
     }
+    template <u32 NT = TOPK_THREADS>
     __device__ __forceinline__ void pad(u32 from, u32 to) const {
-        for (u32 j = from + threadIdx.x; j < to; j += TOPK_THREADS) {
+        for (u32 j = from + threadIdx.x; j < to; j += NT) {
             idx[j] = -1;
             if (scores != nullptr) scores[j] = b12x_neg_inf();
         }
@@ -276,7 +283,7 @@ struct TopkSmem {
 
 // Exclusive prefix sum of x over the block in thread order; returns it and
 // sets *total. Contains two barriers; every thread must call it.
-template <class Smem>
+template <u32 NT = TOPK_THREADS, class Smem>
 __device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, Smem& sm) {
     const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 inc = x;
@@ -289,7 +296,7 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, Smem& sm)
     __syncthreads();
     u32 before = 0, all = 0;
 #pragma unroll
-    for (int w = 0; w < TOPK_WARPS; ++w) {
+    for (int w = 0; w < (int)(NT / 32); ++w) {
         const u32 s = sm.warp_sum[w];
         before += (u32)w < warp ? s : 0u;
         all += s;
@@ -302,9 +309,9 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 x, u32* total, Smem& sm)
 // Bin holding the need-th largest key (bins counted from the top): writes
 // res_bin, res_above (keys in higher bins), res_cnt and res_total (all
 // counted keys; when need > res_total no bin is written). Barriers inside.
-template <class Smem>
+template <u32 NT = TOPK_THREADS, class Smem>
 __device__ __forceinline__ void find_bin(Smem& sm, u32 nbins, u32 need) {
-    const u32 per = (nbins + TOPK_THREADS - 1) / TOPK_THREADS;
+    const u32 per = (nbins + NT - 1) / NT;
     const u32 t = threadIdx.x;
     // Thread t owns bins [hi - per, hi), hi = nbins - t * per, scanned downwards.
     const i32 hi = (i32)nbins - (i32)(t * per);
@@ -314,7 +321,7 @@ __device__ __forceinline__ void find_bin(Smem& sm, u32 nbins, u32 need) {
         if (b >= 0) local += sm.hist[b];
     }
     u32 total;
-    const u32 before = block_exclusive_scan(local, &total, sm);
+    const u32 before = block_exclusive_scan<NT>(local, &total, sm);
     if (t == 0) sm.res_total = total;
     if (before < need && need <= before + local) {
         u32 acc = before;
@@ -352,12 +359,12 @@ __device__ __forceinline__ T pick4(const T (&a)[4], int e) {
 }
 
 // Calls f(ok, v, idx) for every candidate slot: the head one per thread and
-// round, the vector part TOPK_UNROLL float4 groups per thread and round.
+// round, the vector part U float4 groups per thread and round (NT threads).
 // Every thread makes the same number of calls (warp collectives are safe in f).
-template <class Src, class F>
+template <u32 NT = TOPK_THREADS, int U = TOPK_UNROLL, class Src, class F>
 __device__ __forceinline__ void for_each_cand(const Src& src, F&& f) {
     const u32 nh = src.n_head();
-    for (u32 base = 0; base < nh; base += TOPK_THREADS) {
+    for (u32 base = 0; base < nh; base += NT) {
         const u32 i = base + threadIdx.x;
         Cand c;
         c.ok = false;
@@ -367,15 +374,15 @@ __device__ __forceinline__ void for_each_cand(const Src& src, F&& f) {
         f(c.ok, c.v, c.idx);
     }
     const u32 ng = src.n_groups();
-    for (u32 base = 0; base < ng; base += TOPK_THREADS * TOPK_UNROLL) {
-        Cand4 c[TOPK_UNROLL];
+    for (u32 base = 0; base < ng; base += NT * U) {
+        Cand4 c[U];
 #pragma unroll
-        for (int u = 0; u < TOPK_UNROLL; ++u) {
-            const u32 g = base + u * TOPK_THREADS + threadIdx.x;
+        for (int u = 0; u < U; ++u) {
+            const u32 g = base + u * NT + threadIdx.x;
             c[u] = g < ng ? src.group(g) : no_cand4();
         }
 #pragma unroll
-        for (int u = 0; u < TOPK_UNROLL; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int e = 0; e < 4; ++e) f(c[u].ok[e], c[u].v[e], c[u].idx[e]);
     }
@@ -441,11 +448,11 @@ __constant__ u32 kLevelWidth[6] = {12, 12, 8, 12, 12, 8};
 // than k, else all of them; then padding up to pad_to.
 // The first digit (top 12 bits of the value key) over the whole source, in
 // 32-bit arithmetic: one shared atomic per candidate.
-template <class Src>
+template <u32 NT, int U, class Src>
 __device__ __forceinline__ void count_top_digit(const Src& src, TopkSmem& sm) {
-    for (u32 b = threadIdx.x; b < TOPK_MAX_BINS; b += TOPK_THREADS) sm.hist[b] = 0;
+    for (u32 b = threadIdx.x; b < TOPK_MAX_BINS; b += NT) sm.hist[b] = 0;
     __syncthreads();
-    for_each_cand(src, [&](bool ok, float v, u32) {
+    for_each_cand<NT, U>(src, [&](bool ok, float v, u32) {
         if (ok) atomicAdd(&sm.hist[value_key(v) >> 20], 1u);
     });
     __syncthreads();
@@ -464,26 +471,26 @@ __device__ __forceinline__ void emit_if(bool sel, float v, u32 idx, const Sink& 
 // The k best candidates of src to sink slots [0, k) when there are more
 // than k, else all of them; then padding up to pad_to. The general radix
 // path: a 12-bit first digit from the top of the value key.
-template <class Src, class Sink>
+template <u32 NT = TOPK_THREADS, int U = TOPK_UNROLL, class Src, class Sink>
 __device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink& sink,
                                   TopkSmem& sm) {
     if (threadIdx.x == 0) {
         sm.out_n = 0;
         sm.buf_n = 0;
     }
-    count_top_digit(src, sm);  // (its first barrier publishes the counters' reset)
-    find_bin(sm, TOPK_MAX_BINS, k);
+    count_top_digit<NT, U>(src, sm);  // (its first barrier publishes the counters' reset)
+    find_bin<NT>(sm, TOPK_MAX_BINS, k);
     if (sm.res_total <= k) {
         // Not more candidates than slots: all of them, then padding.
         const u32 total = sm.res_total;
-        for_each_cand(src, [&](bool ok, float v, u32 idx) { emit_if(ok, v, idx, sink, sm); });
-        sink.pad(total, pad_to);
+        for_each_cand<NT, U>(src, [&](bool ok, float v, u32 idx) { emit_if(ok, v, idx, sink, sm); });
+        sink.template pad<NT>(total, pad_to);
         return;
     }
     const u32 bin0 = sm.res_bin;
     u32 need = k - sm.res_above;
     if (sm.res_cnt == need) {  // the whole bin is in
-        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+        for_each_cand<NT, U>(src, [&](bool ok, float v, u32 idx) {
             emit_if(ok && (value_key(v) >> 20) >= bin0, v, idx, sink, sm);
         });
         return;
@@ -493,7 +500,7 @@ __device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink&
     // re-scanning the source (exact either way).
     const bool buffered = sm.res_cnt <= TOPK_CAP;
     if (buffered) {
-        for_each_cand(src, [&](bool ok, float v, u32 idx) {
+        for_each_cand<NT, U>(src, [&](bool ok, float v, u32 idx) {
             const u32 top = ok ? value_key(v) >> 20 : 0u;
             emit_if(ok && top > bin0, v, idx, sink, sm);
             const bool keep = ok && top == bin0;
@@ -513,7 +520,7 @@ __device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink&
         shift = kLevelShift[lvl];
         const u32 width = kLevelWidth[lvl];
         const u32 nbins = 1u << width;
-        for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
+        for (u32 b = threadIdx.x; b < nbins; b += NT) sm.hist[b] = 0;
         __syncthreads();
         const u32 above_shift = shift + width;  // prefix bits above this digit
         auto count = [&](bool ok, float v, u32 idx) {
@@ -522,14 +529,14 @@ __device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink&
                 atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
         };
         if (!buffered) {
-            for_each_cand(src, count);
+            for_each_cand<NT, U>(src, count);
         } else {
             const u32 nb = sm.buf_n;
-            for (u32 j = threadIdx.x; j < nb; j += TOPK_THREADS)
+            for (u32 j = threadIdx.x; j < nb; j += NT)
                 count(true, __uint_as_float(sm.buf_v[j]), sm.buf_i[j]);
         }
         __syncthreads();
-        find_bin(sm, nbins, need);
+        find_bin<NT>(sm, nbins, need);
         prefix = (prefix << width) | sm.res_bin;
         need -= sm.res_above;
         if (sm.res_cnt == need) break;  // every key of this bin is in: done
@@ -544,10 +551,10 @@ __device__ void select_topk_radix(const Src& src, u32 k, u32 pad_to, const Sink&
         emit_if(ok && (cand_key(v, idx) >> sh) >= pre, v, idx, sink, sm);
     };
     if (!buffered) {
-        for_each_cand(src, emit_sel);
+        for_each_cand<NT, U>(src, emit_sel);
     } else {
         const u32 nb = sm.buf_n;
-        for (u32 base = 0; base < nb; base += TOPK_THREADS) {
+        for (u32 base = 0; base < nb; base += NT) {
             const u32 j = base + threadIdx.x;
             const bool ok = j < nb;
             emit_sel(ok, ok ? __uint_as_float(sm.buf_v[j]) : 0.0f, ok ? sm.buf_i[j] : 0u);
@@ -794,6 +801,13 @@ struct DestSink {
             out.emit(slot, v, idx);
         else
             val.emit(slot, v, idx);
+    }
+    template <u32 NT>
+    __device__ __forceinline__ void pad(u32 from, u32 to) const {
+        if (to_output)
+            out.template pad<NT>(from, to);
+        else
+            val.template pad<NT>(from, to);
     }
 };
 
@@ -1137,6 +1151,31 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
     select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
+// Grid (rows), NT threads: carry + this chunk's logits through the radix
+// path, straight from global memory (no stage). Its shared memory is the
+// general paths' 41 KB, so several CTAs share an SM and one's reads overlap
+// the others' barrier phases; the second read of a row (emit and buffer)
+// finds it in L2. For many long rows (prefill), where the staged fold holds
+// two rows per SM.
+template <u32 NT, int U>
+__device__ __forceinline__ void topk_stream(const TopkParams& p) {
+    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
+    const u32 r = blockIdx.x;
+    const RowChunk rc = row_chunk(p, r);
+    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
+    const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
+    DenseSource g;
+    g.cv = p.carry_values + cin;
+    g.ci = p.carry_indices + cin;
+    g.n_carry = rc.n_carry;
+    g.logits = p.logits + (u64)r * p.logits_row_stride;
+    g.idx0 = p.chunk * p.chunk_len;
+    g.n = rc.n_chunk;
+    u32 pad_to;
+    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    select_topk_radix<NT, U>(g, p.topk, pad_to, d, sm);
+}
+
 // Grid (rows, slices): the top-k of one slice of this chunk's logits. The
 // two-stage kernels run the general paths alone, inlined in the entry: the
 // staged form (and the staged code beside an out-of-line general call) measured
@@ -1197,6 +1236,11 @@ B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_fold(const
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 2)
     b12x_indexer_topk_fold_prefix(const TopkParams p) {
     topk_fold<2, false>(p);
+}
+
+B12X_KERNEL void __launch_bounds__(TOPK_STREAM_THREADS, TOPK_STREAM_CTAS)
+    b12x_indexer_topk_stream(const TopkParams p) {
+    topk_stream<TOPK_STREAM_THREADS, TOPK_STREAM_UNROLL>(p);
 }
 
 B12X_KERNEL void __launch_bounds__(TOPK_THREADS, 1) b12x_indexer_topk_slice(const TopkParams p) {

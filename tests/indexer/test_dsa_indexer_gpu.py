@@ -294,6 +294,29 @@ def logit_magnitude(inputs):
     return out
 
 
+# More rows than SMs: the fold's stream kernel (no stage, several CTAs per SM).
+@pytest.mark.parametrize("topk", [512, 2048])
+@pytest.mark.parametrize("supertile", [1024, 0])  # 3 chunks with a carry, or one
+def test_more_rows_than_multiprocessors(topk, supertile):
+    width = 48  # 3072 K rows
+    rows = torch.cuda.get_device_properties(0).multi_processor_count + 37
+    cycle = [width * PAGE, 0, 1, topk - 1, topk, topk + 1, width * PAGE - 37, 1500, 2049]
+    lengths = [cycle[r % len(cycle)] for r in range(rows)]
+    inputs = make_case(rows, 16, width, lengths, unmapped=((0, 3), (9, 0), (18, 40)), seed=topk)
+    cache, table = inputs["index_k_cache"], inputs["page_table"]
+    nan = torch.full((64,), float("nan"), device="cuda").view(torch.uint8)
+    cache[int(table[0, 5]), 8192 : ref.PAGE_BYTES] = nan  # row 0: NaN logits on one page
+    src = int(table[9, 1])
+    for c in range(1, width):  # row 9 (page 0 unmapped): every token the same K row and scale
+        cache[int(table[9, c]), :8192] = cache[src, :128].repeat(64)
+        cache[int(table[9, c]), 8192 : ref.PAGE_BYTES] = cache[src, 8192:8196].repeat(64)
+    inputs["query_weights"][18].copy_(-inputs["query_weights"][18].abs())  # row 18: <= 0
+    plan, out, sc = run_case(inputs, topk, supertile=supertile)
+    assert plan.max_chunks == (3 if supertile else 1)
+    check(inputs, topk, out, sc)
+    assert sorted(out[9].tolist()) == list(range(PAGE, PAGE + topk))  # ties: the lowest live
+
+
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
 @pytest.mark.parametrize("heads", [16, 20, 48, 64])  # 20: padded to 32 with zero Q and weights
 def test_scorer_logits_match_reference_per_flavor(mode, heads):

@@ -39,6 +39,7 @@ const PREFILL_THREADS: u32 = PREFILL_WARPS * 32;
 const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
+const TOPK_STREAM_THREADS: u32 = 512;
 /// The wgmma scorers (kernels/indexer_wgmma.cu): one warpgroup per CTA.
 const WGMMA_THREADS: u32 = 128;
 /// K ring depth of the decode and prefill wgmma scorers (WG_*_STAGES).
@@ -294,10 +295,11 @@ pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkSta
     TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
 }
 
-/// The fold kernel for `rows` rows of `candidates` positions each: raw fp32
-/// stage when each row gets an SM of its own, else the 16-bit prefix stage
-/// (half the shared memory: two CTAs per SM, one's reads under the other's
-/// work), else whichever fits.
+/// The fold kernel for `rows` rows of `candidates` positions each. When each
+/// row gets an SM of its own: the raw fp32 stage, else the 16-bit prefix
+/// stage (half the shared memory), else the general paths. More rows than
+/// SMs: the stream kernel (no stage; several CTAs per SM read their rows
+/// twice, the second time from L2).
 pub fn topk_fold_kernel(
     rows: u32,
     topk: u32,
@@ -305,13 +307,24 @@ pub fn topk_fold_kernel(
     sms: u32,
     opt_in: u32,
 ) -> (Kernel, TopkStage) {
+    if rows > sms {
+        return (Kernel::IndexerTopkStream, TopkStage::GENERAL);
+    }
     let raw = topk_stage(true, topk, candidates, opt_in);
     let prefix = topk_stage(false, topk, candidates, opt_in);
-    let prefer_raw = rows <= sms && raw.stage_cap != 0;
-    if prefer_raw || prefix.stage_cap == 0 {
+    if raw.stage_cap != 0 || prefix.stage_cap == 0 {
         (Kernel::IndexerTopkFold, raw)
     } else {
         (Kernel::IndexerTopkFoldPrefix, prefix)
+    }
+}
+
+/// Threads of a top-k kernel's CTA (kernels/indexer_topk.cu).
+fn topk_block(kernel: Kernel) -> u32 {
+    if kernel == Kernel::IndexerTopkStream {
+        TOPK_STREAM_THREADS
+    } else {
+        TOPK_THREADS
     }
 }
 
@@ -889,7 +902,7 @@ pub unsafe fn launch_indexer(
             tp.hit_cap = stage.hit_cap;
             let cfg = LaunchConfig {
                 grid,
-                block: (TOPK_THREADS, 1, 1),
+                block: (topk_block(kernel), 1, 1),
                 shared_bytes: stage.shared_bytes,
                 cluster: 1,
                 dependent: false,
@@ -959,6 +972,7 @@ mod tests {
             ("PREFILL_TOKENS", PREFILL_TOKENS as u64),
             ("PREFILL_ROWS", PREFILL_ROWS as u64),
             ("TOPK_THREADS", TOPK_THREADS as u64),
+            ("TOPK_STREAM_THREADS", TOPK_STREAM_THREADS as u64),
             ("STAGED_HIT_MAX", STAGED_HIT_MAX as u64),
             ("WG_THREADS", WGMMA_THREADS as u64),
             ("WG_DECODE_STAGES", WGMMA_DECODE_STAGES as u64),
@@ -1059,9 +1073,13 @@ mod tests {
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkFold);
         assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
-        // more rows than SMs: the prefix stage, two CTAs per SM
+        // more rows than SMs: the stream kernel, no stage
         let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
-        assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
+        assert_eq!(k, Kernel::IndexerTopkStream);
+        assert_eq!(st, TopkStage::GENERAL);
+        assert_eq!(topk_block(k), TOPK_STREAM_THREADS);
+        // the prefix stage, two CTAs per SM, where the raw one does not fit
+        let st = topk_stage(false, 512, 512 + 32768, H200);
         assert_eq!(st.shared_bytes, 16544 + 12 * 2048 + 2 * 33280);
         assert!(2 * (st.shared_bytes + 1024) <= 233472);
         // 99 KiB: the raw stage does not fit; the prefix one does with a shorter list

@@ -128,6 +128,7 @@ modules! {
     indexer_topk: Baseline => [
         IndexerTopkFold = "b12x_indexer_topk_fold",
         IndexerTopkFoldPrefix = "b12x_indexer_topk_fold_prefix",
+        IndexerTopkStream = "b12x_indexer_topk_stream",
         IndexerTopkSlice = "b12x_indexer_topk_slice",
         IndexerTopkMerge = "b12x_indexer_topk_merge",
     ],
