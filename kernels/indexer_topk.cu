@@ -42,6 +42,7 @@ typedef unsigned short u16;
 #define TOPK_STREAM_THREADS 512  // the stream kernel's CTA
 #define TOPK_STREAM_CTAS 3       // ... and how many share an SM (registers)
 #define TOPK_STREAM_UNROLL 2
+#define TOPK_STREAM_EVERY_ROUND 1
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -1015,16 +1016,60 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     return true;
 }
 
+// Refines bin b0 (cnt keys) on the 64-bit key (value key << 32 | ~index)
+// with the radix path's digits below the bin's, over the entries j < m of
+// (vals, idxs) for which in_bin(bits) holds (b0's keys), and sends the need
+// best of them out. Barriers inside.
+template <u32 NT = TOPK_THREADS, class InBin>
+__device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, u32 m, u32 cnt,
+                                              u32 b0, u32 need, InBin in_bin,
+                                              const DestSink& dest, StagedSmem& sm) {
+    // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
+    u64 prefix = b0;
+    u32 shift = 52u;
+    if (cnt != need) {
+        for (int lvl = 1; lvl < 6; ++lvl) {
+            const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
+            shift -= width;
+            const u32 above = shift + width;
+            const u32 nbins = 1u << width;
+            for (u32 b = threadIdx.x; b < nbins; b += NT) sm.hist[b] = 0;
+            __syncthreads();
+            for (u32 j = threadIdx.x; j < m; j += NT) {
+                const u64 key = staged_key64(vals[j], idxs[j]);
+                if ((key >> above) == prefix)
+                    atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
+            }
+            __syncthreads();
+            find_bin<NT>(sm, nbins, need);
+            prefix = (prefix << width) | sm.res_bin;
+            need -= sm.res_above;
+            if (sm.res_cnt == need) break;  // every key of this bin is in
+        }
+    }
+    for (u32 base = 0; base < m; base += NT) {
+        const u32 j = base + threadIdx.x;
+        const bool in = j < m;
+        const u32 bits = in ? vals[j] : 0u, idx = in ? idxs[j] : 0u;
+        const u64 key = staged_key64(bits, idx);
+        const bool sel = in && in_bin(bits) && (key >> shift) >= prefix;
+        const u32 ms = __ballot_sync(0xffffffffu, sel);
+        if (ms != 0) {
+            const u32 slot = warp_reserve(sel, ms, &sm.out_n);
+            if (sel) dest.emit(slot, __uint_as_float(bits), idx);
+        }
+    }
+}
+
 // The k best from the list (sm.res_* describe b0): one round over it sends the
-// keys above b0 out and b0's keys to the buffer; b0's keys are refined on the
-// 64-bit key (value key << 32 | ~index) with the radix path's digits below the
-// bin's, and the selected ones go out.
+// keys above b0 out and b0's keys to the buffer, where staged_refine picks
+// the selected ones.
 template <bool kRaw, class Src>
 __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestSink& dest,
                                               const StagedLayout& l) {
     StagedSmem& sm = *l.sm;
     const u32 b0 = sm.res_bin;
-    u32 need = k - sm.res_above;
+    const u32 need = k - sm.res_above;
     const u32 nhits = min(sm.n_hits, l.hit_cap);
     for (u32 base = 0; base < nhits; base += TOPK_THREADS) {
         const u32 j = base + threadIdx.x;
@@ -1054,41 +1099,7 @@ __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestS
     }
     __syncthreads();
     const u32 m = sm.n_cand;
-    // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
-    u64 prefix = b0;
-    u32 shift = 52u;
-    if (m != need) {
-        for (int lvl = 1; lvl < 6; ++lvl) {
-            const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
-            shift -= width;
-            const u32 above = shift + width;
-            const u32 nbins = 1u << width;
-            for (u32 b = threadIdx.x; b < nbins; b += TOPK_THREADS) sm.hist[b] = 0;
-            __syncthreads();
-            for (u32 j = threadIdx.x; j < m; j += TOPK_THREADS) {
-                const u64 key = staged_key64(l.cand_val[j], l.cand_idx[j]);
-                if ((key >> above) == prefix)
-                    atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
-            }
-            __syncthreads();
-            find_bin(sm, nbins, need);
-            prefix = (prefix << width) | sm.res_bin;
-            need -= sm.res_above;
-            if (sm.res_cnt == need) break;  // every key of this bin is in
-        }
-    }
-    for (u32 base = 0; base < m; base += TOPK_THREADS) {
-        const u32 j = base + threadIdx.x;
-        const bool in = j < m;
-        const u32 bits = in ? l.cand_val[j] : 0u, idx = in ? l.cand_idx[j] : 0u;
-        const u64 key = staged_key64(bits, idx);
-        const bool sel = in && (key >> shift) >= prefix;
-        const u32 ms = __ballot_sync(0xffffffffu, sel);
-        if (ms != 0) {
-            const u32 slot = warp_reserve(sel, ms, &sm.out_n);
-            if (sel) dest.emit(slot, __uint_as_float(bits), idx);
-        }
-    }
+    staged_refine(l.cand_val, l.cand_idx, m, m, b0, need, [](u32) { return true; }, dest, sm);
 }
 
 // The k best of src to dest slots [0, k) when the staged path decides them;
@@ -1151,15 +1162,80 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
     select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
-// Grid (rows), NT threads: carry + this chunk's logits through the radix
-// path, straight from global memory (no stage). Its shared memory is the
-// general paths' 41 KB, so several CTAs share an SM and one's reads overlap
-// the others' barrier phases; the second read of a row (emit and buffer)
-// finds it in L2. For many long rows (prefill), where the staged fold holds
-// two rows per SM.
+// ---------------------------------------------------------------- stream path
+//
+// The fold for many long rows (more rows than SMs): one read of the row, no
+// stage. While the row streams in, every key is counted in the 4096-bin
+// histogram of the top 12 key bits, and after each round of NT * U float4
+// groups the bin of the k-th key counted so far becomes a bound: the k-th
+// key of the whole row can only be higher, so a key below the bound's bin can
+// never be selected. Each round's keys at or above the bound (after counting
+// that round) go to a shared-memory buffer of (bits, index): about
+// k * (1 + 1/2 + ... + 1/rounds) of them on iid rows. After the last round
+// the histogram is complete and its k-th bin b0 is exact: the buffer's keys
+// above b0 are in and b0's are refined as the staged path refines them. The
+// shared memory is the histogram and the buffer (41-66 KB), so three or more
+// CTAs share an SM and one's reads overlap the others' rounds. What the
+// buffer cannot decide (a full buffer, +inf or a positive NaN, fewer than k
+// numbers) goes to the radix path over the same candidates, from global
+// memory.
+
+struct StreamLayout {
+    StagedSmem* sm;
+    u32* bits;  // [cap]
+    u32* idx;   // [cap]
+    u32 cap;
+};
+
+// Dynamic shared memory: StagedSmem, then the buffer's bits and indices
+// [hit_cap] each; TopkSmem overlays it for the radix path. Mirrored by
+// topk_stream_shared_bytes in rust/cuda/src/indexer.rs.
+__device__ __forceinline__ u32 stream_bytes(u32 cap) {
+    return max((u32)sizeof(StagedSmem) + 8u * cap, (u32)sizeof(TopkSmem));
+}
+
+__device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams& p) {
+    if (dynamic_smem_bytes() < stream_bytes(p.hit_cap)) __trap();  // sized wrong by the launcher
+    StreamLayout l;
+    l.sm = reinterpret_cast<StagedSmem*>(dsm);
+    l.bits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
+    l.idx = l.bits + p.hit_cap;
+    l.cap = p.hit_cap;
+    return l;
+}
+
+// Counts bits (bin 0: no number, not counted).
+__device__ __forceinline__ void stream_count(StagedSmem& sm, u32 bits) {
+    const u32 bin = staged_bin(bits);
+    if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
+}
+
+// Buffers (bits, idx) for the lanes whose bin is at or above `bound` (a
+// number's bin); the count runs past cap when the buffer is full.
+__device__ __forceinline__ void stream_keep(const StreamLayout& l, u32 bits, u32 idx, u32 bound) {
+    const bool keep = staged_bin(bits) >= bound;
+    const u32 mk = __ballot_sync(0xffffffffu, keep);
+    if (mk != 0) {
+        const u32 j = warp_reserve(keep, mk, &l.sm->n_hits);
+        if (keep && j < l.cap) {
+            l.bits[j] = bits;
+            l.idx[j] = idx;
+        }
+    }
+}
+
+// The bound after a round: the bin of the k-th key counted so far, or the
+// first number bin while fewer than k are counted. Every thread calls it.
+template <u32 NT>
+__device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k, bool last) {
+    __syncthreads();  // the round's counts are in
+    if (last) staged_flag_special(sm);
+    find_bin<NT>(sm, STAGED_BINS, k);
+    return sm.res_total >= k ? max(sm.res_bin, STAGED_FIRST_NUMBER_BIN) : STAGED_FIRST_NUMBER_BIN;
+}
+
 template <u32 NT, int U>
 __device__ __forceinline__ void topk_stream(const TopkParams& p) {
-    TopkSmem& sm = *reinterpret_cast<TopkSmem*>(topk_dsm);
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
@@ -1173,7 +1249,90 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     g.n = rc.n_chunk;
     u32 pad_to;
     const DestSink d = fold_dest(p, r, rc, &pad_to);
-    select_topk_radix<NT, U>(g, p.topk, pad_to, d, sm);
+    const StreamLayout l = stream_layout(topk_dsm, p);
+    StagedSmem& sm = *l.sm;
+    const u32 k = p.topk, t = threadIdx.x;
+    for (u32 b = t; b < STAGED_BINS; b += NT) sm.hist[b] = 0;
+    if (t == 0) {
+        sm.n_hits = 0;
+        sm.out_n = 0;
+    }
+    __syncthreads();
+    // The carry (at most k entries): counted and buffered, no bound yet.
+    for (u32 base = 0; base < g.n_carry; base += NT) {
+        const u32 i = base + t;
+        const u32 bits = i < g.n_carry ? __float_as_uint(g.cv[i]) : IDX_NOT_CANDIDATE_BITS;
+        const u32 idx = i < g.n_carry ? (u32)g.ci[i] : 0u;
+        stream_count(sm, bits);
+        stream_keep(l, bits, idx, STAGED_FIRST_NUMBER_BIN);
+    }
+    // The chunk, in rounds of NT * U groups; the next round's loads are issued
+    // before this round is counted.
+    const u32 ng = g.n_groups();
+    const float4* src = reinterpret_cast<const float4*>(g.logits);
+    const u32 rounds = max((ng + NT * U - 1) / (NT * U), 1u);
+    float4 cur[U] = {};
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const u32 gi = u * NT + t;
+        if (gi < ng) cur[u] = __ldcg(src + gi);
+    }
+    u32 bound = STAGED_FIRST_NUMBER_BIN;
+    for (u32 it = 0; it < rounds; ++it) {
+        float4 nxt[U] = {};
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 gi = (it + 1) * NT * U + u * NT + t;
+            if (gi < ng) nxt[u] = __ldcg(src + gi);
+        }
+        u32 w[U][4];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 gi = it * NT * U + u * NT + t;
+            w[u][0] = __float_as_uint(cur[u].x);
+            w[u][1] = __float_as_uint(cur[u].y);
+            w[u][2] = __float_as_uint(cur[u].z);
+            w[u][3] = __float_as_uint(cur[u].w);
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * gi + e >= g.n) w[u][e] = IDX_NOT_CANDIDATE_BITS;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) stream_count(sm, w[u][e]);
+        }
+        if (TOPK_STREAM_EVERY_ROUND || (it & (it + 1)) == 0 || it + 1 == rounds)
+            bound = stream_bound<NT>(sm, k, it + 1 == rounds);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 gi = it * NT * U + u * NT + t;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) stream_keep(l, w[u][e], g.idx0 + 4 * gi + e, bound);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) cur[u] = nxt[u];
+    }
+    __syncthreads();  // the buffer is complete
+    const u32 nbuf = sm.n_hits;
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN || nbuf > l.cap) {
+        __syncthreads();  // every thread is done with the state the radix path overlays
+        select_topk_radix<NT, U>(g, k, pad_to, d, *reinterpret_cast<TopkSmem*>(topk_dsm));
+        return;
+    }
+    // b0 = res_bin over every key; the buffer holds every key at or above it.
+    const u32 b0 = sm.res_bin;
+    const u32 need = k - sm.res_above, cnt = sm.res_cnt;
+    for (u32 base = 0; base < nbuf; base += NT) {
+        const u32 j = base + t;
+        const bool in = j < nbuf;
+        const u32 bits = in ? l.bits[j] : 0u;
+        const bool above = in && staged_bin(bits) > b0;
+        const u32 ma = __ballot_sync(0xffffffffu, above);
+        if (ma != 0) {
+            const u32 slot = warp_reserve(above, ma, &sm.out_n);
+            if (above) d.emit(slot, __uint_as_float(bits), l.idx[j]);
+        }
+    }
+    staged_refine<NT>(l.bits, l.idx, nbuf, cnt, b0, need,
+                      [b0](u32 bits) { return staged_bin(bits) == b0; }, d, sm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits. The

@@ -295,11 +295,30 @@ pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkSta
     TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
 }
 
-/// The fold kernel for `rows` rows of `candidates` positions each. When each
-/// row gets an SM of its own: the raw fp32 stage, else the 16-bit prefix
-/// stage (half the shared memory), else the general paths. More rows than
-/// SMs: the stream kernel (no stage; several CTAs per SM read their rows
-/// twice, the second time from L2).
+/// Dynamic shared memory of the stream kernel with a `cap`-entry buffer
+/// (mirrors `stream_bytes` in kernels/indexer_topk.cu).
+pub fn topk_stream_shared_bytes(cap: u32) -> u32 {
+    (TOPK_STAGED_SMEM + 8 * cap).max(TOPK_GENERAL_SMEM)
+}
+
+/// The stream kernel's buffer (in `hit_cap`): 5 topk + 1024 entries, about
+/// twice what its running bound keeps on a 32768-token row, shrunk to fit
+/// `opt_in` bytes; none below topk + 512.
+pub fn topk_stream_stage(topk: u32, opt_in: u32) -> Option<TopkStage> {
+    let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM) / 8) & !3;
+    let cap = (5 * topk + 1024).min(room);
+    let shared_bytes = topk_stream_shared_bytes(cap);
+    (cap >= topk + 512 && shared_bytes <= opt_in).then_some(TopkStage {
+        stage_cap: 0,
+        hit_cap: cap,
+        shared_bytes,
+    })
+}
+
+/// The fold kernel for `rows` rows of `candidates` positions each. More rows
+/// than SMs: the stream kernel (one read, no stage, several CTAs per SM).
+/// Else, each row on an SM of its own: the raw fp32 stage, else the 16-bit
+/// prefix stage (half the shared memory), else the general paths.
 pub fn topk_fold_kernel(
     rows: u32,
     topk: u32,
@@ -308,7 +327,9 @@ pub fn topk_fold_kernel(
     opt_in: u32,
 ) -> (Kernel, TopkStage) {
     if rows > sms {
-        return (Kernel::IndexerTopkStream, TopkStage::GENERAL);
+        if let Some(stage) = topk_stream_stage(topk, opt_in) {
+            return (Kernel::IndexerTopkStream, stage);
+        }
     }
     let raw = topk_stage(true, topk, candidates, opt_in);
     let prefix = topk_stage(false, topk, candidates, opt_in);
@@ -1073,11 +1094,20 @@ mod tests {
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkFold);
         assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
-        // more rows than SMs: the stream kernel, no stage
+        // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024
         let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkStream);
-        assert_eq!(st, TopkStage::GENERAL);
+        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: 16544 + 8 * 3584 });
         assert_eq!(topk_block(k), TOPK_STREAM_THREADS);
+        assert!(4 * (st.shared_bytes + 1024) <= 233472, "four CTAs share an SM");
+        // shrunk to fit 99 KiB; the radix path's own shared memory at least
+        let st = topk_stream_stage(2048, SM120).unwrap();
+        assert_eq!(st.hit_cap, (SM120 - 16544) / 8 & !3);
+        assert!(st.shared_bytes <= SM120);
+        let st = topk_stream_stage(512, 41240).unwrap();
+        assert_eq!((st.hit_cap, st.shared_bytes), (3084, 41240));
+        assert_eq!(topk_stream_stage(512, 41000), None);
+        assert_eq!(topk_stream_stage(2048, 30000), None);
         // the prefix stage, two CTAs per SM, where the raw one does not fit
         let st = topk_stage(false, 512, 512 + 32768, H200);
         assert_eq!(st.shared_bytes, 16544 + 12 * 2048 + 2 * 33280);
