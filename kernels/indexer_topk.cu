@@ -42,7 +42,6 @@ typedef unsigned short u16;
 #define TOPK_STREAM_THREADS 512  // the stream kernel's CTA
 #define TOPK_STREAM_CTAS 3       // ... and how many share an SM (registers)
 #define TOPK_STREAM_UNROLL 2
-#define TOPK_STREAM_EVERY_ROUND 1
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -1165,20 +1164,21 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 // ---------------------------------------------------------------- stream path
 //
 // The fold for many long rows (more rows than SMs): one read of the row, no
-// stage. While the row streams in, every key is counted in the 4096-bin
-// histogram of the top 12 key bits, and after each round of NT * U float4
-// groups the bin of the k-th key counted so far becomes a bound: the k-th
-// key of the whole row can only be higher, so a key below the bound's bin can
-// never be selected. Each round's keys at or above the bound (after counting
-// that round) go to a shared-memory buffer of (bits, index): about
-// k * (1 + 1/2 + ... + 1/rounds) of them on iid rows. After the last round
-// the histogram is complete and its k-th bin b0 is exact: the buffer's keys
-// above b0 are in and b0's are refined as the staged path refines them. The
-// shared memory is the histogram and the buffer (41-66 KB), so three or more
-// CTAs share an SM and one's reads overlap the others' rounds. What the
-// buffer cannot decide (a full buffer, +inf or a positive NaN, fewer than k
-// numbers) goes to the radix path over the same candidates, from global
-// memory.
+// stage, and most keys neither counted nor kept. The row streams in rounds of
+// NT * U float4 groups. The first round is counted in the 4096-bin histogram
+// of the top 12 key bits; the bin of the k-th key counted so far is a bound
+// below the k-th key of the whole row. From then on only keys at or above the
+// bound are counted and kept in a shared-memory buffer of (bits, index),
+// about k * (1 + 1/2 + 1/3 + ...) of them on iid rows, and the bound rises
+// after rounds 1, 2, 4, 8, ... Keys below a bound can never be selected, and
+// every key at or above the final k-th bin b0 was counted, so the histogram's
+// counts from b0 up are exact: b0, the keys above it and its own count come
+// out as from a full count. The buffer's keys above b0 are in; b0's are
+// refined as the staged path refines them. The shared memory is the
+// histogram and the buffer (41-66 KB), so three or more CTAs share an SM and
+// one's reads overlap the others' bound updates. What the buffer cannot
+// decide (a full buffer, +inf or a positive NaN, fewer than k numbers) goes
+// to the radix path over the same candidates, from global memory.
 
 struct StreamLayout {
     StagedSmem* sm;
@@ -1204,22 +1204,18 @@ __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams&
     return l;
 }
 
-// Counts bits (bin 0: no number, not counted).
-__device__ __forceinline__ void stream_count(StagedSmem& sm, u32 bits) {
-    const u32 bin = staged_bin(bits);
-    if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
-}
-
-// Buffers (bits, idx) for the lanes whose bin is at or above `bound` (a
-// number's bin); the count runs past cap when the buffer is full.
-__device__ __forceinline__ void stream_keep(const StreamLayout& l, u32 bits, u32 idx, u32 bound) {
-    const bool keep = staged_bin(bits) >= bound;
+// Buffers (bits, idx) and counts bits when keep is set; the buffer's count
+// runs past cap when it is full.
+__device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u32 bits, u32 idx) {
     const u32 mk = __ballot_sync(0xffffffffu, keep);
     if (mk != 0) {
         const u32 j = warp_reserve(keep, mk, &l.sm->n_hits);
-        if (keep && j < l.cap) {
-            l.bits[j] = bits;
-            l.idx[j] = idx;
+        if (keep) {
+            atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
+            if (j < l.cap) {
+                l.bits[j] = bits;
+                l.idx[j] = idx;
+            }
         }
     }
 }
@@ -1263,11 +1259,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         const u32 i = base + t;
         const u32 bits = i < g.n_carry ? __float_as_uint(g.cv[i]) : IDX_NOT_CANDIDATE_BITS;
         const u32 idx = i < g.n_carry ? (u32)g.ci[i] : 0u;
-        stream_count(sm, bits);
-        stream_keep(l, bits, idx, STAGED_FIRST_NUMBER_BIN);
+        stream_keep(l, staged_bin(bits) >= STAGED_FIRST_NUMBER_BIN, bits, idx);
     }
     // The chunk, in rounds of NT * U groups; the next round's loads are issued
-    // before this round is counted.
+    // before this round is looked at.
     const u32 ng = g.n_groups();
     const float4* src = reinterpret_cast<const float4*>(g.logits);
     const u32 rounds = max((ng + NT * U - 1) / (NT * U), 1u);
@@ -1277,7 +1272,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         const u32 gi = u * NT + t;
         if (gi < ng) cur[u] = __ldcg(src + gi);
     }
-    u32 bound = STAGED_FIRST_NUMBER_BIN;
+    // The carry's k-th key bounds the chunk's (a number's bin, or the first).
+    u32 bound = g.n_carry != 0 ? stream_bound<NT>(sm, k, false) : STAGED_FIRST_NUMBER_BIN;
     for (u32 it = 0; it < rounds; ++it) {
         float4 nxt[U] = {};
 #pragma unroll
@@ -1296,17 +1292,43 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 if (4 * gi + e >= g.n) w[u][e] = IDX_NOT_CANDIDATE_BITS;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) stream_count(sm, w[u][e]);
         }
-        if (TOPK_STREAM_EVERY_ROUND || (it & (it + 1)) == 0 || it + 1 == rounds)
+        // Rounds 1, 2, 4, 8, ... and the last raise the bound. Before the
+        // first bound, the round is counted in full and kept after it.
+        const bool first = it == 0 && g.n_carry == 0;
+        const bool update = (it & (it + 1)) == 0 || it + 1 == rounds;
+        if (first) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const u32 bin = staged_bin(w[u][e]);
+                    if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
+                }
             bound = stream_bound<NT>(sm, k, it + 1 == rounds);
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 gi = it * NT * U + u * NT + t;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) stream_keep(l, w[u][e], g.idx0 + 4 * gi + e, bound);
+            for (int e = 0; e < 4; ++e) {
+                const u32 bits = w[u][e];
+                const bool keep = staged_bin(bits) >= bound;
+                if (first) {  // counted above
+                    const u32 mk = __ballot_sync(0xffffffffu, keep);
+                    if (mk != 0) {
+                        const u32 j = warp_reserve(keep, mk, &sm.n_hits);
+                        if (keep && j < l.cap) {
+                            l.bits[j] = bits;
+                            l.idx[j] = g.idx0 + 4 * gi + e;
+                        }
+                    }
+                } else {
+                    stream_keep(l, keep, bits, g.idx0 + 4 * gi + e);
+                }
+            }
         }
+        if (!first && update) bound = stream_bound<NT>(sm, k, it + 1 == rounds);
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
     }
