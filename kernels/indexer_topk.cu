@@ -1220,6 +1220,44 @@ __device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u3
     }
 }
 
+// A round's keys with value >= tf (a float compare: NaNs and non-candidates
+// never pass) to the buffer, counted when `count`: one reservation a warp.
+// index(u, e) is the logical index of w[u][e].
+template <int U, class Index>
+__device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&w)[U][4],
+                                                  float tf, bool count, Index index) {
+    u32 m = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if (__uint_as_float(w[u][e]) >= tf) m |= 1u << (4 * u + e);
+    if (!__any_sync(0xffffffffu, m != 0)) return;
+    const u32 lane = threadIdx.x & 31, c = (u32)__popc(m);
+    u32 inc = c;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= (u32)d) inc += y;
+    }
+    u32 base = 0;
+    if (lane == 31) base = atomicAdd(&l.sm->n_hits, inc);
+    u32 j = __shfl_sync(0xffffffffu, base, 31) + inc - c;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            if ((m >> (4 * u + e)) & 1u) {
+                const u32 bits = w[u][e];
+                if (count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
+                if (j < l.cap) {
+                    l.bits[j] = bits;
+                    l.idx[j] = index(u, e);
+                }
+                ++j;
+            }
+}
+
 // The bound after a round: the bin of the k-th key counted so far, or the
 // first number bin while fewer than k are counted. Every thread calls it.
 template <u32 NT>
@@ -1307,27 +1345,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
                 }
             bound = stream_bound<NT>(sm, k, it + 1 == rounds);
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 gi = it * NT * U + u * NT + t;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const u32 bits = w[u][e];
-                const bool keep = staged_bin(bits) >= bound;
-                if (first) {  // counted above
-                    const u32 mk = __ballot_sync(0xffffffffu, keep);
-                    if (mk != 0) {
-                        const u32 j = warp_reserve(keep, mk, &sm.n_hits);
-                        if (keep && j < l.cap) {
-                            l.bits[j] = bits;
-                            l.idx[j] = g.idx0 + 4 * gi + e;
-                        }
-                    }
-                } else {
-                    stream_keep(l, keep, bits, g.idx0 + 4 * gi + e);
-                }
-            }
-        }
+        const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
+        stream_keep_round<U>(l, w, tf, !first, [&](int u, int e) {
+            return g.idx0 + 4 * (it * NT * U + u * NT + t) + (u32)e;
+        });
         if (!first && update) bound = stream_bound<NT>(sm, k, it + 1 == rounds);
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
