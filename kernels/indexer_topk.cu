@@ -40,8 +40,8 @@ typedef unsigned short u16;
 #define TOPK_MAX_BINS 4096
 #define TOPK_UNROLL 2  // float4 groups in flight per thread and round (unrolled form)
 #define TOPK_STREAM_THREADS 512  // the stream kernel's CTA
-#define TOPK_STREAM_CTAS 3       // ... and how many share an SM (registers)
-#define TOPK_STREAM_UNROLL 2
+#define TOPK_STREAM_CTAS 2       // ... and how many share an SM (registers)
+#define TOPK_STREAM_UNROLL 4
 
 struct TopkParams {
     const float* logits;      // chunk logits [rows, logits_row_stride]
@@ -1200,7 +1200,7 @@ __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams&
     l.sm = reinterpret_cast<StagedSmem*>(dsm);
     l.bits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
     l.idx = l.bits + p.hit_cap;
-    l.cap = p.hit_cap;
+    l.cap = p.hit_cap - 1;  // the last entry is spare: slots past the end write it
     return l;
 }
 
@@ -1221,41 +1221,44 @@ __device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u3
 }
 
 // A round's keys with value >= tf (a float compare: NaNs and non-candidates
-// never pass) to the buffer, counted when `count`: one reservation a warp.
-// index(u, e) is the logical index of w[u][e].
+// never pass) to the buffer, counted when `count`: slots by ballot, one
+// reservation a warp and float4 group, every key written (a key not kept,
+// or past the buffer's end, writes the spare last entry). index(u, e) is the
+// logical index of w[u][e].
 template <int U, class Index>
 __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&w)[U][4],
                                                   float tf, bool count, Index index) {
-    u32 m = 0;
+    bool any = false;
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if (__uint_as_float(w[u][e]) >= tf) m |= 1u << (4 * u + e);
-    if (!__any_sync(0xffffffffu, m != 0)) return;
-    const u32 lane = threadIdx.x & 31, c = (u32)__popc(m);
-    u32 inc = c;
+        for (int e = 0; e < 4; ++e) any |= __uint_as_float(w[u][e]) >= tf;
+    if (!__any_sync(0xffffffffu, any)) return;
+    const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
 #pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
-        if (lane >= (u32)d) inc += y;
+    for (int u = 0; u < U; ++u) {
+        bool keep[4];
+        u32 mask[4], total = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            keep[e] = __uint_as_float(w[u][e]) >= tf;
+            mask[e] = __ballot_sync(0xffffffffu, keep[e]);
+            total += (u32)__popc(mask[e]);
+        }
+        if (total == 0) continue;  // (warp-uniform)
+        u32 base = 0;
+        if (lane == 0) base = atomicAdd(&l.sm->n_hits, total);
+        u32 off = __shfl_sync(0xffffffffu, base, 0);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const u32 bits = w[u][e];
+            const u32 j = keep[e] ? min(off + (u32)__popc(mask[e] & lt), l.cap) : l.cap;
+            l.bits[j] = bits;
+            l.idx[j] = index(u, e);
+            if (keep[e] && count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
+            off += (u32)__popc(mask[e]);
+        }
     }
-    u32 base = 0;
-    if (lane == 31) base = atomicAdd(&l.sm->n_hits, inc);
-    u32 j = __shfl_sync(0xffffffffu, base, 31) + inc - c;
-#pragma unroll
-    for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            if ((m >> (4 * u + e)) & 1u) {
-                const u32 bits = w[u][e];
-                if (count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
-                if (j < l.cap) {
-                    l.bits[j] = bits;
-                    l.idx[j] = index(u, e);
-                }
-                ++j;
-            }
 }
 
 // The bound after a round: the bin of the k-th key counted so far, or the
