@@ -1220,44 +1220,55 @@ __device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u3
     }
 }
 
-// A round's keys with value >= tf (a float compare: NaNs and non-candidates
-// never pass) to the buffer, counted when `count`: slots by ballot, one
-// reservation a warp and float4 group, every key written (a key not kept,
-// or past the buffer's end, writes the spare last entry). index(u, e) is the
-// logical index of w[u][e].
-template <int U, class Index>
-__device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&w)[U][4],
+// v[Lo + s] for s < N by the bits of s, a tree of selects (a dynamic index
+// would put v in local memory). N is a power of two.
+template <int Lo, int N, int M>
+__device__ __forceinline__ u32 pick_by_bits(const u32 (&v)[M], u32 s) {
+    if constexpr (N == 1) {
+        return v[Lo];
+    } else {
+        const u32 lo = pick_by_bits<Lo, N / 2>(v, s), hi = pick_by_bits<Lo + N / 2, N / 2>(v, s);
+        return (s & (N / 2)) ? hi : lo;
+    }
+}
+
+// A round's keys (v[s], s < 4 U) with value >= tf (a float compare: NaNs and
+// non-candidates never pass) to the buffer, counted when `count`. One
+// reservation a warp; then each lane writes its own kept keys, one a step,
+// for as many steps as the warp's fullest lane needs (a slot past the
+// buffer's end writes the spare last entry). index(s) is v[s]'s logical index.
+template <int S, class Index>
+__device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&v)[S],
                                                   float tf, bool count, Index index) {
-    bool any = false;
+    u32 m = 0;
 #pragma unroll
-    for (int u = 0; u < U; ++u)
+    for (int s = 0; s < S; ++s)
+        if (__uint_as_float(v[s]) >= tf) m |= 1u << s;
+    const u32 c = (u32)__popc(m);
+    const u32 steps = __reduce_max_sync(0xffffffffu, c);
+    if (steps == 0) return;
+    const u32 lane = threadIdx.x & 31;
+    u32 inc = c;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) any |= __uint_as_float(w[u][e]) >= tf;
-    if (!__any_sync(0xffffffffu, any)) return;
-    const u32 lane = threadIdx.x & 31, lt = (1u << lane) - 1u;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        bool keep[4];
-        u32 mask[4], total = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            keep[e] = __uint_as_float(w[u][e]) >= tf;
-            mask[e] = __ballot_sync(0xffffffffu, keep[e]);
-            total += (u32)__popc(mask[e]);
+    for (int d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= (u32)d) inc += y;
+    }
+    u32 base = 0;
+    if (lane == 31) base = atomicAdd(&l.sm->n_hits, inc);
+    u32 j = __shfl_sync(0xffffffffu, base, 31) + inc - c;
+    for (u32 i = 0; i < steps; ++i) {
+        const bool has = m != 0;
+        const u32 s = (u32)__ffs((int)m) - 1u;
+        m &= m - 1u;
+        if (has) {
+            const u32 bits = pick_by_bits<0, S>(v, s);
+            const u32 at = min(j, l.cap);
+            l.bits[at] = bits;
+            l.idx[at] = index(s);
+            if (count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
         }
-        if (total == 0) continue;  // (warp-uniform)
-        u32 base = 0;
-        if (lane == 0) base = atomicAdd(&l.sm->n_hits, total);
-        u32 off = __shfl_sync(0xffffffffu, base, 0);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const u32 bits = w[u][e];
-            const u32 j = keep[e] ? min(off + (u32)__popc(mask[e] & lt), l.cap) : l.cap;
-            l.bits[j] = bits;
-            l.idx[j] = index(u, e);
-            if (keep[e] && count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
-            off += (u32)__popc(mask[e]);
-        }
+        ++j;
     }
 }
 
@@ -1349,8 +1360,11 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             bound = stream_bound<NT>(sm, k, it + 1 == rounds);
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
-        stream_keep_round<U>(l, w, tf, !first, [&](int u, int e) {
-            return g.idx0 + 4 * (it * NT * U + u * NT + t) + (u32)e;
+        u32 flat[4 * U];
+#pragma unroll
+        for (int q = 0; q < 4 * U; ++q) flat[q] = w[q / 4][q % 4];
+        stream_keep_round<4 * U>(l, flat, tf, !first, [&](u32 q) {
+            return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
         });
         if (!first && update) bound = stream_bound<NT>(sm, k, it + 1 == rounds);
 #pragma unroll
