@@ -15,7 +15,8 @@ def test_import_exposes_version_and_build_facts():
     assert info["ptx_isa"] == "8.7"
     assert info["ptx_target"] == "compute_89"
     fold = ("indexer_topk", ["b12x_indexer_topk_fold", "b12x_indexer_topk_fold_prefix",
-                             "b12x_indexer_topk_slice", "b12x_indexer_topk_merge"])  # fmt: skip
+                             "b12x_indexer_topk_stream", "b12x_indexer_topk_slice",
+                             "b12x_indexer_topk_merge"])  # fmt: skip
     assert fold in [tuple(m) for m in info["modules"]]
     # every module has a target; only the wgmma scorers are arch-specific
     targets = info["module_targets"]
