@@ -335,6 +335,33 @@ def test_check_rows_spread_over_the_batch():
     assert rows == sorted(set(rows))
 
 
+def test_a_selection_is_checked_against_the_reference_up_to_its_tie_tolerance():
+    """The check the b12x arms and stock's share: the reference's own top-k
+    passes; a wrong key fails; the boundary's neighbour passes only within
+    the tolerance."""
+    from b12x.attention.dsa_indexer import reference
+
+    case = DECODE
+    inputs = make_inputs(case, "cpu")
+    q, w, kcache, table, lengths, _ = inputs
+    logits = reference.paged_logits(q, w, kcache, table, lengths)
+    cols = torch.arange(logits.shape[1])
+    logits = logits.masked_fill(cols[None, :] >= lengths[:, None], float("-inf"))
+    order = logits.sort(dim=1, descending=True).indices.int()
+    best = order[:, : case.topk].clone()
+    assert peers.selection_error(best, inputs, case.topk, 0.0) == (case.rows, None)
+    worst = best.clone()
+    worst[0, 0] = order[0, -1]  # the row's lowest key in place of its highest
+    n, err = peers.selection_error(worst, inputs, case.topk, peers.LOGITS_REL_TOL)
+    assert n == case.rows and err is not None
+    swapped = best.clone()
+    swapped[0, case.topk - 1] = order[0, case.topk]  # the k-th for the (k+1)-th
+    gap = float(logits[0, order[0, case.topk - 1]] - logits[0, order[0, case.topk]])
+    scale = float(logits[:, 0:].masked_fill(logits.isinf(), 0).abs().max())
+    assert peers.selection_error(swapped, inputs, case.topk, 0.0)[1] is not None
+    assert peers.selection_error(swapped, inputs, case.topk, 2 * gap / scale)[1] is None
+
+
 def test_ratios_go_to_whole_call_rows_and_stage_rows_get_their_peer():
     case = "c"
     rows = [

@@ -55,6 +55,9 @@ TOPK_WORKSPACE_BYTES = 1024 * 1024
 # DeepGEMM's logits differ from float32 by ~3e-4 of their magnitude (FP8
 # accumulation, measured on H200); a wrong call is off by far more.
 LOGITS_REL_TOL = 1e-3
+# b12x's exact logits are float32 sums of exact products: a selection may swap
+# only keys this close to the boundary (summation order).
+EXACT_TIE_REL = 1e-5
 CHECK_ROWS = 64
 
 
@@ -247,6 +250,29 @@ def reference_logits(
     sel = torch.tensor(rows, device=q.device)
     ref = reference.paged_logits(q[sel], w[sel], kcache, table[sel], lengths[sel])
     return ref, [int(v) for v in lengths[sel].tolist()]
+
+
+def selection_error(
+    out: torch.Tensor, inputs: tuple[torch.Tensor, ...], topk: int, tie_rel: float
+) -> tuple[int, str | None]:
+    """A top-k output against the float32 reference on :func:`check_rows`
+    rows, keys within ``tie_rel`` of the rows' largest |logit| of the boundary
+    free to swap: the rows checked, and what differs (None: nothing)."""
+    import torch
+
+    from b12x.attention.dsa_indexer import reference
+
+    rows = check_rows(out.shape[0])
+    ref, lengths = reference_logits(inputs, rows)
+    cols = torch.arange(ref.shape[1], device=ref.device)
+    cand = cols[None, :] < torch.tensor(lengths, device=ref.device)[:, None]
+    got = out.index_select(0, torch.tensor(rows, device=out.device))
+    tie = tie_rel * float(torch.where(cand, ref.abs(), 0.0).max())
+    try:
+        reference.assert_topk_equivalent(got, None, ref, cand, topk, tie_atol=tie, tie_rtol=0.0)
+    except AssertionError as e:
+        return len(rows), str(e)
+    return len(rows), None
 
 
 @dataclass(frozen=True)

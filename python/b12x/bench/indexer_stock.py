@@ -46,6 +46,7 @@ from b12x.bench.indexer_peers import (
     check_rows,
     logits_rel_err,
     reference_logits,
+    selection_error,
     vllm_topk_kernel,
 )
 
@@ -369,23 +370,9 @@ def _live_stock(a: CaseArms, pipeline: Pipeline, kernel: str, fields: dict[str, 
 def _check_stock_selection(a: CaseArms, fields: dict[str, Any], out: torch.Tensor) -> None:
     """vLLM's live selection against the float32 reference (near-ties may swap:
     DeepGEMM's logits carry FP8 accumulation error)."""
-    import torch
-
-    from b12x.attention.dsa_indexer import reference
-
-    rows = check_rows(a.case.rows)
-    ref, lengths = reference_logits(a.inputs, rows)
-    cols = torch.arange(ref.shape[1], device=ref.device)
-    cand = cols[None, :] < torch.tensor(lengths, device=ref.device)[:, None]
-    got = out.index_select(0, torch.tensor(rows, device=out.device))
     # a logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
-    tie = LOGITS_REL_TOL * float(torch.where(cand, ref.abs(), 0.0).max())
-    fields["check_rows"] = len(rows)
-    try:
-        reference.assert_topk_equivalent(
-            got, None, ref, cand, a.case.topk, tie_atol=tie, tie_rtol=0.0
-        )
-        fields["check_ok"] = True
-    except AssertionError as e:
-        fields.update(check_ok=False, check_error=str(e)[:200])
-        a.fail(f"stock_vllm's selection: {e}")
+    n, err = selection_error(out, a.inputs, a.case.topk, LOGITS_REL_TOL)
+    fields.update(check_rows=n, check_ok=err is None)
+    if err is not None:
+        fields["check_error"] = err[:200]
+        a.fail(f"stock_vllm's selection: {err}")
