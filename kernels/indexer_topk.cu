@@ -22,8 +22,8 @@
 // dynamic shared memory sized by topk_shared_bytes in rust/cuda/src/indexer.rs):
 //   fold         carry + chunk logits           -> next carry, or the outputs on the last chunk
 //   fold_prefix  the same, 16-bit prefix stage  (two CTAs per SM)
-//   stream       the same, no stage: the radix path from global memory
-//                (TOPK_STREAM_THREADS-thread CTAs, several per SM)
+//   stream       the same for more rows than SMs: one read, no stage, a
+//                running bound (TOPK_STREAM_THREADS-thread CTAs, two per SM)
 //   slice        one slice of the chunk logits  -> that slice's top-k (partials)
 //   merge        carry + every slice's partials -> next carry, or the outputs
 // Logits of tokens on unmapped pages hold IDX_NOT_CANDIDATE_BITS and are
@@ -1175,8 +1175,9 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 // counts from b0 up are exact: b0, the keys above it and its own count come
 // out as from a full count. The buffer's keys above b0 are in; b0's are
 // refined as the staged path refines them. The shared memory is the
-// histogram and the buffer (41-66 KB), so three or more CTAs share an SM and
-// one's reads overlap the others' bound updates. What the buffer cannot
+// histogram and the buffer (45 KB for top-512), so two CTAs share an SM (the
+// register file's limit at 64 registers) and one's reads overlap the other's
+// bound updates. What the buffer cannot
 // decide (a full buffer, +inf or a positive NaN, fewer than k numbers) goes
 // to the radix path over the same candidates, from global memory.
 

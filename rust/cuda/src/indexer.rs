@@ -316,7 +316,7 @@ pub fn topk_stream_stage(topk: u32, opt_in: u32) -> Option<TopkStage> {
 }
 
 /// The fold kernel for `rows` rows of `candidates` positions each. More rows
-/// than SMs: the stream kernel (one read, no stage, several CTAs per SM).
+/// than SMs: the stream kernel (one read, no stage, two CTAs per SM).
 /// Else, each row on an SM of its own: the raw fp32 stage, else the 16-bit
 /// prefix stage (half the shared memory), else the general paths.
 pub fn topk_fold_kernel(
