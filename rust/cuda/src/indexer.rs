@@ -1102,7 +1102,7 @@ mod tests {
         assert!(4 * (st.shared_bytes + 1024) <= 233472, "four CTAs share an SM");
         // shrunk to fit 99 KiB; the radix path's own shared memory at least
         let st = topk_stream_stage(2048, SM120).unwrap();
-        assert_eq!(st.hit_cap, (SM120 - 16544) / 8 & !3);
+        assert_eq!(st.hit_cap, ((SM120 - 16544) / 8) & !3);
         assert!(st.shared_bytes <= SM120);
         let st = topk_stream_stage(512, 41240).unwrap();
         assert_eq!((st.hit_cap, st.shared_bytes), (3084, 41240));
