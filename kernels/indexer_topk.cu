@@ -1141,20 +1141,26 @@ __device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const 
     return d;
 }
 
-// Grid (rows): carry + this chunk's logits.
-template <int U, bool kRaw>
-__device__ __forceinline__ void topk_fold(const TopkParams& p) {
-    const u32 r = blockIdx.x;
-    const RowChunk rc = row_chunk(p, r);
-    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
+// What a fold reads for row r: its carry, then this chunk's logits.
+__device__ __forceinline__ void fold_source(const TopkParams& p, u32 r, const RowChunk& rc,
+                                            DenseSource& g) {
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
-    DenseSource g;
     g.cv = p.carry_values + cin;
     g.ci = p.carry_indices + cin;
     g.n_carry = rc.n_carry;
     g.logits = p.logits + (u64)r * p.logits_row_stride;
     g.idx0 = p.chunk * p.chunk_len;
     g.n = rc.n_chunk;
+}
+
+// Grid (rows): carry + this chunk's logits.
+template <int U, bool kRaw>
+__device__ __forceinline__ void topk_fold(const TopkParams& p) {
+    const u32 r = blockIdx.x;
+    const RowChunk rc = row_chunk(p, r);
+    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
+    DenseSource g;
+    fold_source(p, r, rc, g);
     const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
     u32 pad_to;
     const DestSink d = fold_dest(p, r, rc, &pad_to);
@@ -1288,14 +1294,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     const u32 r = blockIdx.x;
     const RowChunk rc = row_chunk(p, r);
     if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
-    const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
     DenseSource g;
-    g.cv = p.carry_values + cin;
-    g.ci = p.carry_indices + cin;
-    g.n_carry = rc.n_carry;
-    g.logits = p.logits + (u64)r * p.logits_row_stride;
-    g.idx0 = p.chunk * p.chunk_len;
-    g.n = rc.n_chunk;
+    fold_source(p, r, rc, g);
     u32 pad_to;
     const DestSink d = fold_dest(p, r, rc, &pad_to);
     const StreamLayout l = stream_layout(topk_dsm, p);
