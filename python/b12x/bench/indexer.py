@@ -268,24 +268,6 @@ def score_only_arms(
         del stage
 
 
-def check_selection(
-    result: BenchResult,
-    row: dict[str, Any],
-    case: Case,
-    inputs: tuple[torch.Tensor, ...],
-    out: torch.Tensor,
-    tie_rel: float,
-) -> None:
-    """A b12x arm's selection (its last replay's ``out``) against the float32
-    reference: ``check_ok`` in its row; a failure fails the run."""
-    n, err = peers.selection_error(out, inputs, case.topk, tie_rel)
-    row.update(check_rows=n, check_ok=err is None)
-    if err is not None:
-        row["check_error"] = err[:200]
-        result.ok = False
-        result.notes.append(f"{case.name}: CHECK FAILED: {row['arm']}'s selection: {err}")
-
-
 def peer_env(args: argparse.Namespace, dev: int) -> peers.PeerEnv:
     """The peers this run measures against (DeepGEMM, vLLM's ops), found once."""
     import torch
@@ -380,7 +362,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             name, "b12x", time_graph_us(partial(di.run, binding), args.iters, flush=flush), **extra
         )
         inputs = (q, w, kcache, table, lengths, aw)
-        check_selection(result, b, case, inputs, idx, peers.EXACT_TIE_REL)
+        peers.check_selection(result, b, name, "b12x", idx, inputs, case.topk, peers.EXACT_TIE_REL)
         topk_only_arms(result, case, caps, binding, bind, args, flush, extra)
         score_only_arms(result, case, caps_of, bind, args, flush, extra)
         fast = bind(di.plan(caps_of("fast")))
@@ -391,7 +373,9 @@ def run(args: argparse.Namespace) -> BenchResult:
             **{**extra, "mma_flavor": fast.plan.mma_flavor, "precision": "fast"},
         )
         # fast logits carry FP8 accumulation error, as DeepGEMM's do
-        check_selection(result, f, case, inputs, idx, peers.LOGITS_REL_TOL)
+        peers.check_selection(
+            result, f, name, "b12x_fast", idx, inputs, case.topk, peers.LOGITS_REL_TOL
+        )
         del fast
         for flavor in args.flavor_arms:
             forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from b12x.bench.common import BenchResult
+
 # A timer: runs the step it is given (at least once, outside any timing) and
 # returns microseconds per call, every sample.
 Measure = Callable[[Callable[[], object]], list[float]]
@@ -273,6 +275,32 @@ def selection_error(
     except AssertionError as e:
         return len(rows), str(e)
     return len(rows), None
+
+
+def fail_check(result: BenchResult, case: str, what: str) -> None:
+    """A check failed: the run exits 1 and its notes say which."""
+    result.ok = False
+    result.notes.append(f"{case}: CHECK FAILED: {what}")
+
+
+def check_selection(
+    result: BenchResult,
+    fields: dict[str, Any],
+    case: str,
+    arm: str,
+    out: torch.Tensor,
+    inputs: tuple[torch.Tensor, ...],
+    topk: int,
+    tie_rel: float,
+) -> None:
+    """An arm's selection ``out`` checked by :func:`selection_error`:
+    ``check_rows`` / ``check_ok`` (and ``check_error``) into the arm's
+    ``fields``; a failure fails the run."""
+    n, err = selection_error(out, inputs, topk, tie_rel)
+    fields.update(check_rows=n, check_ok=err is None)
+    if err is not None:
+        fields["check_error"] = err[:200]
+        fail_check(result, case, f"{arm}'s selection: {err}")
 
 
 @dataclass(frozen=True)

@@ -44,9 +44,10 @@ from b12x.bench.indexer_peers import (
     PeerEnv,
     attach_ratios,
     check_rows,
+    check_selection,
+    fail_check,
     logits_rel_err,
     reference_logits,
-    selection_error,
     vllm_topk_kernel,
 )
 
@@ -216,8 +217,7 @@ class CaseArms:
 
     def fail(self, what: str) -> None:
         """A peer check failed: the run exits 1 and its notes say which."""
-        self.result.ok = False
-        self.result.notes.append(f"{self.case.name}: CHECK FAILED: {what}")
+        fail_check(self.result, self.case.name, what)
 
 
 @dataclass(frozen=True)
@@ -363,16 +363,9 @@ def _live_stock(a: CaseArms, pipeline: Pipeline, kernel: str, fields: dict[str, 
         stock_best_us=statistics.median(samples) - alone[kernel] + alone[best],
     )
     topk(logits)
-    _check_stock_selection(a, fields, out)
+    # vLLM's selection against the float32 reference: near-ties may swap, as a
+    # logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
+    check_selection(
+        a.result, fields, a.case.name, "stock_vllm", out, a.inputs, a.case.topk, LOGITS_REL_TOL
+    )
     a.add("stock_vllm", samples, **fields)
-
-
-def _check_stock_selection(a: CaseArms, fields: dict[str, Any], out: torch.Tensor) -> None:
-    """vLLM's live selection against the float32 reference (near-ties may swap:
-    DeepGEMM's logits carry FP8 accumulation error)."""
-    # a logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
-    n, err = selection_error(out, a.inputs, a.case.topk, LOGITS_REL_TOL)
-    fields.update(check_rows=n, check_ok=err is None)
-    if err is not None:
-        fields["check_error"] = err[:200]
-        a.fail(f"stock_vllm's selection: {err}")
