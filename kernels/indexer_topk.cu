@@ -1334,17 +1334,17 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             const u32 gi = (it + 1) * NT * U + u * NT + t;
             if (gi < ng) nxt[u] = __ldcg(src + gi);
         }
-        u32 w[U][4];
+        u32 w[4 * U];  // key q: group q / 4, element q % 4
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const u32 gi = it * NT * U + u * NT + t;
-            w[u][0] = __float_as_uint(cur[u].x);
-            w[u][1] = __float_as_uint(cur[u].y);
-            w[u][2] = __float_as_uint(cur[u].z);
-            w[u][3] = __float_as_uint(cur[u].w);
+            w[4 * u + 0] = __float_as_uint(cur[u].x);
+            w[4 * u + 1] = __float_as_uint(cur[u].y);
+            w[4 * u + 2] = __float_as_uint(cur[u].z);
+            w[4 * u + 3] = __float_as_uint(cur[u].w);
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                if (4 * gi + e >= g.n) w[u][e] = IDX_NOT_CANDIDATE_BITS;
+                if (4 * gi + e >= g.n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
         }
         // Rounds 1, 2, 4, 8, ... and the last raise the bound. Before the
         // first bound, the round is counted in full and kept after it.
@@ -1352,19 +1352,14 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         const bool update = (it & (it + 1)) == 0 || it + 1 == rounds;
         if (first) {
 #pragma unroll
-            for (int u = 0; u < U; ++u)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const u32 bin = staged_bin(w[u][e]);
-                    if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
-                }
+            for (int q = 0; q < 4 * U; ++q) {
+                const u32 bin = staged_bin(w[q]);
+                if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
+            }
             bound = stream_bound<NT>(sm, k, it + 1 == rounds);
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
-        u32 flat[4 * U];
-#pragma unroll
-        for (int q = 0; q < 4 * U; ++q) flat[q] = w[q / 4][q % 4];
-        stream_keep_round<4 * U>(l, flat, tf, !first, [&](u32 q) {
+        stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
             return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
         });
         if (!first && update) bound = stream_bound<NT>(sm, k, it + 1 == rounds);
