@@ -745,9 +745,11 @@ struct StagedSmem {
     u32 n_hits;
     u32 n_cand;
     u32 out_n;
+    u32 top_bin;    // the stream path: the highest bin counted so far
+    u32 n_counted;  // the stream path: the keys counted so far
 };
 
-static_assert(sizeof(StagedSmem) == 16544, "mirrored by rust/cuda/src/indexer.rs");
+static_assert(sizeof(StagedSmem) == 16552, "mirrored by rust/cuda/src/indexer.rs");
 static_assert(sizeof(TopkSmem) == 41240, "mirrored by rust/cuda/src/indexer.rs");
 
 // Dynamic shared memory: StagedSmem, hits / cand_val / cand_idx [hit_cap], then
@@ -1211,19 +1213,31 @@ __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams&
     return l;
 }
 
+// Notes a warp's counted keys: n of them (per lane), the highest in bin top.
+__device__ __forceinline__ void stream_counted(StagedSmem& sm, u32 top, u32 n) {
+    top = __reduce_max_sync(0xffffffffu, top);
+    n = __reduce_add_sync(0xffffffffu, n);
+    if ((threadIdx.x & 31) == 0 && n != 0) {
+        atomicMax(&sm.top_bin, top);
+        atomicAdd(&sm.n_counted, n);
+    }
+}
+
 // Buffers (bits, idx) and counts bits when keep is set; the buffer's count
 // runs past cap when it is full.
 __device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u32 bits, u32 idx) {
     const u32 mk = __ballot_sync(0xffffffffu, keep);
     if (mk != 0) {
         const u32 j = warp_reserve(keep, mk, &l.sm->n_hits);
+        const u32 bin = staged_bin(bits);
         if (keep) {
-            atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
+            atomicAdd(&l.sm->hist[bin], 1u);
             if (j < l.cap) {
                 l.bits[j] = bits;
                 l.idx[j] = idx;
             }
         }
+        stream_counted(*l.sm, keep ? bin : 0u, keep ? 1u : 0u);
     }
 }
 
@@ -1264,6 +1278,7 @@ __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u
     u32 base = 0;
     if (lane == 31) base = atomicAdd(&l.sm->n_hits, inc);
     u32 j = __shfl_sync(0xffffffffu, base, 31) + inc - c;
+    u32 top = 0;
     for (u32 i = 0; i < steps; ++i) {
         const bool has = m != 0;
         const u32 s = (u32)__ffs((int)m) - 1u;
@@ -1273,19 +1288,61 @@ __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u
             const u32 at = min(j, l.cap);
             l.bits[at] = bits;
             l.idx[at] = index(s);
-            if (count) atomicAdd(&l.sm->hist[staged_bin(bits)], 1u);
+            if (count) {
+                const u32 bin = staged_bin(bits);
+                atomicAdd(&l.sm->hist[bin], 1u);
+                top = max(top, bin);
+            }
         }
         ++j;
     }
+    if (count) stream_counted(*l.sm, top, c);
 }
 
 // The bound after a round: the bin of the k-th key counted so far, or the
-// first number bin while fewer than k are counted. Every thread calls it.
+// first number bin while fewer than k are counted. Sets sm.res_* as find_bin
+// does (res_total: every key counted) and sm.special. One warp searches down
+// from the highest counted bin, 32 bins a step: the k-th key's bin is a few
+// steps below it on real rows, where a scan of all 4096 bins took four
+// barriers. Every thread calls it.
 template <u32 NT>
-__device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k, bool last) {
+__device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k) {
     __syncthreads();  // the round's counts are in
-    if (last) staged_flag_special(sm);
-    find_bin<NT>(sm, STAGED_BINS, k);
+    if (threadIdx.x < 32) {
+        const u32 lane = threadIdx.x;
+        const u32 top = sm.top_bin;
+        u32 total = sm.n_counted;
+        if (total >= k) {
+            bool found = false;
+            u32 acc = 0;  // keys in the bins above this step's
+            for (i32 hi = (i32)top; hi >= 0 && !found; hi -= 32) {
+                const i32 b = hi - (i32)lane;
+                const u32 c = b >= 0 ? sm.hist[b] : 0u;
+                u32 inc = c;
+#pragma unroll
+                for (int d = 1; d < 32; d <<= 1) {
+                    const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+                    if (lane >= (u32)d) inc += y;
+                }
+                const u32 hit = __ballot_sync(0xffffffffu, acc + inc >= k);
+                if (hit != 0) {
+                    found = true;
+                    if (lane == (u32)__ffs((int)hit) - 1u) {
+                        sm.res_bin = (u32)b;
+                        sm.res_above = acc + inc - c;
+                        sm.res_cnt = c;
+                    }
+                }
+                acc += __shfl_sync(0xffffffffu, inc, 31);
+            }
+            if (!found) total = 0;  // the counts disagree: let the radix path decide
+        }
+        if (lane == 0) {
+            sm.res_total = total;
+            sm.special = top >= STAGED_FIRST_SPECIAL_BIN;
+        }
+    }
+    __syncthreads();
     return sm.res_total >= k ? max(sm.res_bin, STAGED_FIRST_NUMBER_BIN) : STAGED_FIRST_NUMBER_BIN;
 }
 
@@ -1305,6 +1362,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     if (t == 0) {
         sm.n_hits = 0;
         sm.out_n = 0;
+        sm.top_bin = 0;
+        sm.n_counted = 0;
     }
     __syncthreads();
     // The carry (at most k entries): counted and buffered, no bound yet.
@@ -1326,7 +1385,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         if (gi < ng) cur[u] = __ldcg(src + gi);
     }
     // The carry's k-th key bounds the chunk's (a number's bin, or the first).
-    u32 bound = g.n_carry != 0 ? stream_bound<NT>(sm, k, false) : STAGED_FIRST_NUMBER_BIN;
+    u32 bound = g.n_carry != 0 ? stream_bound<NT>(sm, k) : STAGED_FIRST_NUMBER_BIN;
     for (u32 it = 0; it < rounds; ++it) {
         float4 nxt[U] = {};
 #pragma unroll
@@ -1351,18 +1410,24 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         const bool first = it == 0 && g.n_carry == 0;
         const bool update = (it & (it + 1)) == 0 || it + 1 == rounds;
         if (first) {
+            u32 top = 0, n = 0;
 #pragma unroll
             for (int q = 0; q < 4 * U; ++q) {
                 const u32 bin = staged_bin(w[q]);
-                if (bin != 0) atomicAdd(&sm.hist[bin], 1u);
+                if (bin != 0) {
+                    atomicAdd(&sm.hist[bin], 1u);
+                    ++n;
+                }
+                top = max(top, bin);
             }
-            bound = stream_bound<NT>(sm, k, it + 1 == rounds);
+            stream_counted(sm, top, n);
+            bound = stream_bound<NT>(sm, k);
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
         stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
             return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
         });
-        if (!first && update) bound = stream_bound<NT>(sm, k, it + 1 == rounds);
+        if (!first && update) bound = stream_bound<NT>(sm, k);
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
     }

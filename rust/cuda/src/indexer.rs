@@ -253,7 +253,7 @@ fn select_kernel(per: u32) -> Kernel {
 
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
 // by `kernel_constants_match_the_sources` and the kernels' static_asserts).
-const TOPK_STAGED_SMEM: u32 = 16544; // StagedSmem
+const TOPK_STAGED_SMEM: u32 = 16552; // StagedSmem
 const TOPK_GENERAL_SMEM: u32 = 41240; // TopkSmem, the general paths
 const STAGED_HIT_MAX: u32 = 8192;
 
@@ -1095,17 +1095,17 @@ mod tests {
                                    // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkFold);
-        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174240 });
+        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174248 });
         // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024
         let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkStream);
-        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: 16544 + 8 * 3584 });
+        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: TOPK_STAGED_SMEM + 8 * 3584 });
         assert_eq!(topk_block(k), TOPK_STREAM_THREADS);
         // (two CTAs run per SM, a register limit; the buffer would allow four)
         assert!(4 * (st.shared_bytes + 1024) <= 233472, "four CTAs' shared memory fits an SM");
         // shrunk to fit 99 KiB; the radix path's own shared memory at least
         let st = topk_stream_stage(2048, SM120).unwrap();
-        assert_eq!(st.hit_cap, ((SM120 - 16544) / 8) & !3);
+        assert_eq!(st.hit_cap, ((SM120 - TOPK_STAGED_SMEM) / 8) & !3);
         assert!(st.shared_bytes <= SM120);
         let st = topk_stream_stage(512, 41240).unwrap();
         assert_eq!((st.hit_cap, st.shared_bytes), (3084, 41240));
@@ -1113,7 +1113,7 @@ mod tests {
         assert_eq!(topk_stream_stage(2048, 30000), None);
         // the prefix stage, two CTAs per SM, where the raw one does not fit
         let st = topk_stage(false, 512, 512 + 32768, H200);
-        assert_eq!(st.shared_bytes, 16544 + 12 * 2048 + 2 * 33280);
+        assert_eq!(st.shared_bytes, TOPK_STAGED_SMEM + 12 * 2048 + 2 * 33280);
         assert!(2 * (st.shared_bytes + 1024) <= 233472);
         // 99 KiB: the raw stage does not fit; the prefix one does with a shorter list
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 188, SM120);
