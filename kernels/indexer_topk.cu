@@ -734,7 +734,7 @@ __device__ __forceinline__ u32 staged_bits_of_key(u32 k) {
 // The histogram bin of raw bits: the top 12 bits of their key.
 __device__ __forceinline__ u32 staged_bin(u32 bits) { return staged_prefix(bits) >> 4; }
 
-struct StagedSmem {
+struct alignas(16) StagedSmem {  // the stage and lists after it take 16-byte accesses
     u32 hist[STAGED_BINS];
     u32 warp_sum[TOPK_WARPS];
     u32 res_bin;
@@ -747,9 +747,10 @@ struct StagedSmem {
     u32 out_n;
     u32 top_bin;    // the stream path: the highest bin counted so far
     u32 n_counted;  // the stream path: the keys counted so far
+    u32 bound;      // the stream path: the latest bound published between barriers
 };
 
-static_assert(sizeof(StagedSmem) == 16552, "mirrored by rust/cuda/src/indexer.rs");
+static_assert(sizeof(StagedSmem) == 16560, "mirrored by rust/cuda/src/indexer.rs");
 static_assert(sizeof(TopkSmem) == 41240, "mirrored by rust/cuda/src/indexer.rs");
 
 // Dynamic shared memory: StagedSmem, hits / cand_val / cand_idx [hit_cap], then

@@ -253,7 +253,7 @@ fn select_kernel(per: u32) -> Kernel {
 
 // Shared-memory layout of the top-k kernels (kernels/indexer_topk.cu, pinned
 // by `kernel_constants_match_the_sources` and the kernels' static_asserts).
-const TOPK_STAGED_SMEM: u32 = 16552; // StagedSmem
+const TOPK_STAGED_SMEM: u32 = 16560; // StagedSmem
 const TOPK_GENERAL_SMEM: u32 = 41240; // TopkSmem, the general paths
 const STAGED_HIT_MAX: u32 = 8192;
 
@@ -1095,7 +1095,7 @@ mod tests {
                                    // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
         let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkFold);
-        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174248 });
+        assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174256 });
         // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024
         let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkStream);
