@@ -1347,6 +1347,40 @@ __device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k) {
     return sm.res_total >= k ? max(sm.res_bin, STAGED_FIRST_NUMBER_BIN) : STAGED_FIRST_NUMBER_BIN;
 }
 
+// A bound between barriers: one warp searches the histogram while the others
+// go on counting (at most kSteps steps of 32 bins down from the highest
+// counted bin) and publishes a higher bound in sm.bound. Counts read mid-round
+// are each at most the row's: the bin where they reach k is still at or below
+// the k-th key's. Returns the warp's new bound (at least `bound`).
+__device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bound) {
+    constexpr int kSteps = 4;
+    const u32 lane = threadIdx.x & 31;
+    volatile u32* hist = sm.hist;
+    i32 hi = (i32)*(volatile u32*)&sm.top_bin;
+    u32 acc = 0;  // keys in the bins above this step's
+    for (int step = 0; step < kSteps && hi >= (i32)bound; ++step, hi -= 32) {
+        const i32 b = hi - (i32)lane;
+        const u32 c = b >= 0 ? hist[b] : 0u;
+        u32 inc = c;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+            if (lane >= (u32)d) inc += y;
+        }
+        const u32 hit = __ballot_sync(0xffffffffu, acc + inc >= k);
+        if (hit != 0) {
+            const u32 found = (u32)(hi - (i32)__ffs((int)hit) + 1);
+            if (found > bound) {
+                bound = found;
+                if (lane == 0) atomicMax(&sm.bound, found);
+            }
+            break;
+        }
+        acc += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    return bound;
+}
+
 template <u32 NT, int U>
 __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     const u32 r = blockIdx.x;
@@ -1365,6 +1399,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         sm.out_n = 0;
         sm.top_bin = 0;
         sm.n_counted = 0;
+        sm.bound = 0;
     }
     __syncthreads();
     // The carry (at most k entries): counted and buffered, no bound yet.
@@ -1406,10 +1441,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             for (int e = 0; e < 4; ++e)
                 if (4 * gi + e >= g.n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
         }
-        // Rounds 1, 2, 4, 8, ... and the last raise the bound. Before the
-        // first bound, the round is counted in full and kept after it.
+        // The first round is counted in full, then kept above its bound.
         const bool first = it == 0 && g.n_carry == 0;
-        const bool update = (it & (it + 1)) == 0 || it + 1 == rounds;
         if (first) {
             u32 top = 0, n = 0;
 #pragma unroll
@@ -1428,11 +1461,18 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
             return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
         });
-        if (!first && update) bound = stream_bound<NT>(sm, k);
+        // Later rounds take turns searching for a bound; the others take
+        // the latest one published.
+        if (!first && it + 1 < rounds) {
+            if ((threadIdx.x >> 5) == it % (NT / 32))
+                bound = stream_raise_bound(sm, k, bound);
+            else
+                bound = max(bound, *(volatile u32*)&sm.bound);
+        }
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
     }
-    __syncthreads();  // the buffer is complete
+    stream_bound<NT>(sm, k);  // every count and the whole buffer are in: the exact b0
     const u32 nbuf = sm.n_hits;
     if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN || nbuf > l.cap) {
         __syncthreads();  // every thread is done with the state the radix path overlays
