@@ -1397,6 +1397,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     if (t == 0) {
         sm.n_hits = 0;
         sm.out_n = 0;
+        sm.n_cand = 0;
         sm.top_bin = 0;
         sm.n_counted = 0;
         sm.bound = 0;
@@ -1437,9 +1438,15 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             w[4 * u + 1] = __float_as_uint(cur[u].y);
             w[4 * u + 2] = __float_as_uint(cur[u].z);
             w[4 * u + 3] = __float_as_uint(cur[u].w);
+        }
+        if (4 * (it + 1) * NT * U > g.n) {  // the row ends in this round
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (4 * gi + e >= g.n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
+            for (int u = 0; u < U; ++u) {
+                const u32 gi = it * NT * U + u * NT + t;
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    if (4 * gi + e >= g.n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
+            }
         }
         // The first round is counted in full, then kept above its bound.
         const bool first = it == 0 && g.n_carry == 0;
@@ -1456,45 +1463,54 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             }
             stream_counted(sm, top, n);
             bound = stream_bound<NT>(sm, k);
+        } else {
+            bound = max(bound, *(volatile u32*)&sm.bound);  // the latest published
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
         stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
             return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
         });
-        // Later rounds take turns searching for a bound; the others take
-        // the latest one published.
-        if (!first && it + 1 < rounds) {
-            if ((threadIdx.x >> 5) == it % (NT / 32))
-                bound = stream_raise_bound(sm, k, bound);
-            else
-                bound = max(bound, *(volatile u32*)&sm.bound);
-        }
+        // Later rounds take turns searching for a bound, which the others
+        // take up when they next keep.
+        if (!first && it + 1 < rounds && (threadIdx.x >> 5) == it % (NT / 32))
+            bound = stream_raise_bound(sm, k, bound);
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
     }
     stream_bound<NT>(sm, k);  // every count and the whole buffer are in: the exact b0
-    const u32 nbuf = sm.n_hits;
-    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN || nbuf > l.cap) {
+    const u32 nbuf = sm.n_hits, cnt = sm.res_cnt;
+    // (b0's keys are gathered after the buffer: cnt more entries)
+    if (sm.special != 0 || sm.res_total < k || sm.res_bin < STAGED_FIRST_NUMBER_BIN ||
+        nbuf + cnt > l.cap) {
         __syncthreads();  // every thread is done with the state the radix path overlays
         select_topk_radix<NT, U>(g, k, pad_to, d, *reinterpret_cast<TopkSmem*>(topk_dsm));
         return;
     }
     // b0 = res_bin over every key; the buffer holds every key at or above it.
-    const u32 b0 = sm.res_bin;
-    const u32 need = k - sm.res_above, cnt = sm.res_cnt;
+    // Keys above b0 are in; b0's own go to a list of their own for refining.
+    const u32 b0 = sm.res_bin, need = k - sm.res_above;
+    u32* const b0_bits = l.bits + nbuf;
+    u32* const b0_idx = l.idx + nbuf;
     for (u32 base = 0; base < nbuf; base += NT) {
         const u32 j = base + t;
         const bool in = j < nbuf;
-        const u32 bits = in ? l.bits[j] : 0u;
-        const bool above = in && staged_bin(bits) > b0;
-        const u32 ma = __ballot_sync(0xffffffffu, above);
+        const u32 bits = in ? l.bits[j] : 0u, bin = staged_bin(bits);
+        const bool above = in && bin > b0, at = in && bin == b0;
+        const u32 ma = __ballot_sync(0xffffffffu, above), mb = __ballot_sync(0xffffffffu, at);
         if (ma != 0) {
             const u32 slot = warp_reserve(above, ma, &sm.out_n);
             if (above) d.emit(slot, __uint_as_float(bits), l.idx[j]);
         }
+        if (mb != 0) {
+            const u32 slot = warp_reserve(at, mb, &sm.n_cand);
+            if (at && slot < cnt) {  // (exactly cnt: every key of b0 was kept)
+                b0_bits[slot] = bits;
+                b0_idx[slot] = l.idx[j];
+            }
+        }
     }
-    staged_refine<NT>(l.bits, l.idx, nbuf, cnt, b0, need,
-                      [b0](u32 bits) { return staged_bin(bits) == b0; }, d, sm);
+    __syncthreads();  // b0's list is complete
+    staged_refine<NT>(b0_bits, b0_idx, cnt, cnt, b0, need, [](u32) { return true; }, d, sm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits. The
