@@ -1178,17 +1178,20 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 // of the top 12 key bits; the bin of the k-th key counted so far is a bound
 // below the k-th key of the whole row. From then on only keys at or above the
 // bound are counted and kept in a shared-memory buffer of (bits, index),
-// about k * (1 + 1/2 + 1/3 + ...) of them on iid rows, and the bound rises
-// after rounds 1, 2, 4, 8, ... Keys below a bound can never be selected, and
-// every key at or above the final k-th bin b0 was counted, so the histogram's
-// counts from b0 up are exact: b0, the keys above it and its own count come
-// out as from a full count. The buffer's keys above b0 are in; b0's are
-// refined as the staged path refines them. The shared memory is the
-// histogram and the buffer (45 KB for top-512), so two CTAs share an SM (the
-// register file's limit at 64 registers) and one's reads overlap the other's
-// bound updates. What the buffer cannot
-// decide (a full buffer, +inf or a positive NaN, fewer than k numbers) goes
-// to the radix path over the same candidates, from global memory.
+// about k * (1 + 1/2 + 1/3 + ...) of them on iid rows. After every later
+// round one warp (a different one each round) raises the bound without a
+// barrier: the counts it reads mid-round are each at most the row's, so the
+// bound stays below the k-th key. Keys below a bound can never be selected,
+// and every key at or above the final k-th bin b0 was counted, so the
+// histogram's counts from b0 up are exact: b0, the keys above it and its own
+// count come out as from a full count. The buffer's keys above b0 are in;
+// b0's are copied behind them and refined as the staged path refines them.
+// The shared memory is the histogram and the buffer (45 KB for top-512), so
+// two CTAs share an SM (the register file's limit at 64 registers) and one's
+// reads overlap the other's barriers. What the buffer cannot decide (a full
+// buffer, +inf or a positive NaN, fewer than k numbers) goes to the radix
+// path over the same candidates, from global memory. Variants measured:
+// bench-results/h200/indexer-round17-notes.md.
 
 struct StreamLayout {
     StagedSmem* sm;

@@ -302,10 +302,12 @@ pub fn topk_stream_shared_bytes(cap: u32) -> u32 {
 }
 
 /// The stream kernel's buffer (in `hit_cap`): 5 topk + 1024 entries, 1.3-1.6x
-/// what its running bound kept on 32768-token rows in a replay of its rounds
-/// (2.0-2.3k keys of a top-512, 7.6-8.6k of a top-2048; a row that keeps
-/// more takes the radix path), shrunk to fit `opt_in` bytes; none below
-/// topk + 512.
+/// what a bound raised after rounds 1, 2, 4, ... kept on 32768-token rows in
+/// a replay of its rounds (2.0-2.3k keys of a top-512, 7.6-8.6k of a
+/// top-2048; the kernel now raises it every round, which keeps fewer). At the
+/// end the keys of the k-th key's bin are copied behind the kept ones; a row
+/// whose keys and that copy do not fit takes the radix path. Shrunk to fit
+/// `opt_in` bytes; none below topk + 512.
 pub fn topk_stream_stage(topk: u32, opt_in: u32) -> Option<TopkStage> {
     let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM) / 8) & !3;
     let cap = (5 * topk + 1024).min(room);
