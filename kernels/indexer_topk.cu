@@ -1303,6 +1303,25 @@ __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u
     if (count) stream_counted(*l.sm, top, c);
 }
 
+// One step of a warp's search down the histogram, bins hi .. hi - 31 (lane l
+// reads bin hi - l; bins below 0 count nothing): c is the lane's count, inc
+// the step's inclusive sum through it, and the result the lanes at which acc
+// (the keys above the step) plus inc reaches k. Hist: u32* or volatile u32*.
+template <class Hist>
+__device__ __forceinline__ u32 warp_bins_step(Hist hist, i32 hi, u32 acc, u32 k, u32& c,
+                                              u32& inc) {
+    const u32 lane = threadIdx.x & 31;
+    const i32 b = hi - (i32)lane;
+    c = b >= 0 ? hist[b] : 0u;
+    inc = c;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
+        if (lane >= (u32)d) inc += y;
+    }
+    return __ballot_sync(0xffffffffu, acc + inc >= k);
+}
+
 // The bound after a round: the bin of the k-th key counted so far, or the
 // first number bin while fewer than k are counted. Sets sm.res_* as find_bin
 // does (res_total: every key counted) and sm.special. One warp searches down
@@ -1320,19 +1339,12 @@ __device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k) {
             bool found = false;
             u32 acc = 0;  // keys in the bins above this step's
             for (i32 hi = (i32)top; hi >= 0 && !found; hi -= 32) {
-                const i32 b = hi - (i32)lane;
-                const u32 c = b >= 0 ? sm.hist[b] : 0u;
-                u32 inc = c;
-#pragma unroll
-                for (int d = 1; d < 32; d <<= 1) {
-                    const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
-                    if (lane >= (u32)d) inc += y;
-                }
-                const u32 hit = __ballot_sync(0xffffffffu, acc + inc >= k);
+                u32 c, inc;
+                const u32 hit = warp_bins_step(sm.hist, hi, acc, k, c, inc);
                 if (hit != 0) {
                     found = true;
                     if (lane == (u32)__ffs((int)hit) - 1u) {
-                        sm.res_bin = (u32)b;
+                        sm.res_bin = (u32)(hi - (i32)lane);
                         sm.res_above = acc + inc - c;
                         sm.res_cnt = c;
                     }
@@ -1362,15 +1374,8 @@ __device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bou
     i32 hi = (i32)*(volatile u32*)&sm.top_bin;
     u32 acc = 0;  // keys in the bins above this step's
     for (int step = 0; step < kSteps && hi >= (i32)bound; ++step, hi -= 32) {
-        const i32 b = hi - (i32)lane;
-        const u32 c = b >= 0 ? hist[b] : 0u;
-        u32 inc = c;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const u32 y = __shfl_up_sync(0xffffffffu, inc, d);
-            if (lane >= (u32)d) inc += y;
-        }
-        const u32 hit = __ballot_sync(0xffffffffu, acc + inc >= k);
+        u32 c, inc;
+        const u32 hit = warp_bins_step(hist, hi, acc, k, c, inc);
         if (hit != 0) {
             const u32 found = (u32)(hi - (i32)__ffs((int)hit) + 1);
             if (found > bound) {

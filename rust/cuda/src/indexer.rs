@@ -1101,7 +1101,10 @@ mod tests {
         // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024
         let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
         assert_eq!(k, Kernel::IndexerTopkStream);
-        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: TOPK_STAGED_SMEM + 8 * 3584 });
+        assert_eq!(
+            st,
+            TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: TOPK_STAGED_SMEM + 8 * 3584 }
+        );
         assert_eq!(topk_block(k), TOPK_STREAM_THREADS);
         // (two CTAs run per SM, a register limit; the buffer would allow four)
         assert!(4 * (st.shared_bytes + 1024) <= 233472, "four CTAs' shared memory fits an SM");
