@@ -743,7 +743,7 @@ struct alignas(16) StagedSmem {  // the stage and lists after it take 16-byte ac
     u32 res_total;
     u32 special;  // +inf or a positive NaN was counted
     u32 n_hits;
-    u32 n_cand;
+    u32 n_cand;  // the staged path's candidates; both paths' list of b0's keys
     u32 out_n;
     u32 top_bin;    // the stream path: the highest bin counted so far
     u32 n_counted;  // the stream path: the keys counted so far
@@ -1018,18 +1018,16 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     return true;
 }
 
-// Refines bin b0 (cnt keys) on the 64-bit key (value key << 32 | ~index)
-// with the radix path's digits below the bin's, over the entries j < m of
-// (vals, idxs) for which in_bin(bits) holds (b0's keys), and sends the need
-// best of them out. Barriers inside.
-template <u32 NT = TOPK_THREADS, class InBin>
-__device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, u32 m, u32 cnt,
-                                              u32 b0, u32 need, InBin in_bin,
-                                              const DestSink& dest, StagedSmem& sm) {
+// Refines bin b0 on the 64-bit key (value key << 32 | ~index) with the radix
+// path's digits below the bin's, over (vals, idxs)[0, m), b0's keys, and sends
+// the need best of them out. Barriers inside.
+template <u32 NT = TOPK_THREADS>
+__device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, u32 m, u32 b0,
+                                              u32 need, const DestSink& dest, StagedSmem& sm) {
     // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
     u64 prefix = b0;
     u32 shift = 52u;
-    if (cnt != need) {
+    if (m != need) {
         for (int lvl = 1; lvl < 6; ++lvl) {
             const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
             shift -= width;
@@ -1054,7 +1052,7 @@ __device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, 
         const bool in = j < m;
         const u32 bits = in ? vals[j] : 0u, idx = in ? idxs[j] : 0u;
         const u64 key = staged_key64(bits, idx);
-        const bool sel = in && in_bin(bits) && (key >> shift) >= prefix;
+        const bool sel = in && (key >> shift) >= prefix;
         const u32 ms = __ballot_sync(0xffffffffu, sel);
         if (ms != 0) {
             const u32 slot = warp_reserve(sel, ms, &sm.out_n);
@@ -1063,24 +1061,19 @@ __device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, 
     }
 }
 
-// The k best from the list (sm.res_* describe b0): one round over it sends the
-// keys above b0 out and b0's keys to the buffer, where staged_refine picks
-// the selected ones.
-template <bool kRaw, class Src>
-__device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestSink& dest,
-                                              const StagedLayout& l) {
-    StagedSmem& sm = *l.sm;
-    const u32 b0 = sm.res_bin;
-    const u32 need = k - sm.res_above;
-    const u32 nhits = min(sm.n_hits, l.hit_cap);
-    for (u32 base = 0; base < nhits; base += TOPK_THREADS) {
+// One round over n listed keys (load(j, bits, idx) reads the j-th): the keys
+// above bin b0 go out, b0's to (b0_bits, b0_idx)[0, cap) (counted in
+// sm.n_cand), and staged_refine picks the selected ones of those.
+template <u32 NT, class Load>
+__device__ __forceinline__ void staged_split_refine(u32 n, u32 b0, u32 need, Load load,
+                                                    u32* b0_bits, u32* b0_idx, u32 cap,
+                                                    const DestSink& dest, StagedSmem& sm) {
+    for (u32 base = 0; base < n; base += NT) {
         const u32 j = base + threadIdx.x;
-        const bool in = j < nhits;
+        const bool in = j < n;
         u32 bits = 0, idx = 0, bin = 0;
         if (in) {
-            const u32 pos = l.hits[j];
-            bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
-            idx = src.index_at(pos);
+            load(j, bits, idx);
             bin = staged_bin(bits);
         }
         const bool above = in && bin > b0;
@@ -1093,15 +1086,30 @@ __device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestS
         const u32 mc = __ballot_sync(0xffffffffu, cand);
         if (mc != 0) {
             const u32 c = warp_reserve(cand, mc, &sm.n_cand);
-            if (cand) {
-                l.cand_val[c] = bits;
-                l.cand_idx[c] = idx;
+            if (cand && c < cap) {
+                b0_bits[c] = bits;
+                b0_idx[c] = idx;
             }
         }
     }
-    __syncthreads();
-    const u32 m = sm.n_cand;
-    staged_refine(l.cand_val, l.cand_idx, m, m, b0, need, [](u32) { return true; }, dest, sm);
+    __syncthreads();  // b0's list is complete
+    staged_refine<NT>(b0_bits, b0_idx, min(sm.n_cand, cap), b0, need, dest, sm);
+}
+
+// The k best from the list (sm.res_* describe b0).
+template <bool kRaw, class Src>
+__device__ __forceinline__ void staged_finish(const Src& src, u32 k, const DestSink& dest,
+                                              const StagedLayout& l) {
+    StagedSmem& sm = *l.sm;
+    const u32 nhits = min(sm.n_hits, l.hit_cap);
+    staged_split_refine<TOPK_THREADS>(
+        nhits, sm.res_bin, k - sm.res_above,
+        [&](u32 j, u32& bits, u32& idx) {
+            const u32 pos = l.hits[j];
+            bits = kRaw ? static_cast<const u32*>(l.stage)[pos] : __float_as_uint(src.value_at(pos));
+            idx = src.index_at(pos);
+        },
+        l.cand_val, l.cand_idx, l.hit_cap, dest, sm);
 }
 
 // The k best of src to dest slots [0, k) when the staged path decides them;
@@ -1377,10 +1385,10 @@ __device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bou
         u32 c, inc;
         const u32 hit = warp_bins_step(hist, hi, acc, k, c, inc);
         if (hit != 0) {
-            const u32 found = (u32)(hi - (i32)__ffs((int)hit) + 1);
-            if (found > bound) {
-                bound = found;
-                if (lane == 0) atomicMax(&sm.bound, found);
+            const u32 bin = (u32)(hi - (i32)__ffs((int)hit) + 1);
+            if (bin > bound) {
+                bound = bin;
+                if (lane == 0) atomicMax(&sm.bound, bin);
             }
             break;
         }
@@ -1494,31 +1502,15 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         select_topk_radix<NT, U>(g, k, pad_to, d, *reinterpret_cast<TopkSmem*>(topk_dsm));
         return;
     }
-    // b0 = res_bin over every key; the buffer holds every key at or above it.
-    // Keys above b0 are in; b0's own go to a list of their own for refining.
-    const u32 b0 = sm.res_bin, need = k - sm.res_above;
-    u32* const b0_bits = l.bits + nbuf;
-    u32* const b0_idx = l.idx + nbuf;
-    for (u32 base = 0; base < nbuf; base += NT) {
-        const u32 j = base + t;
-        const bool in = j < nbuf;
-        const u32 bits = in ? l.bits[j] : 0u, bin = staged_bin(bits);
-        const bool above = in && bin > b0, at = in && bin == b0;
-        const u32 ma = __ballot_sync(0xffffffffu, above), mb = __ballot_sync(0xffffffffu, at);
-        if (ma != 0) {
-            const u32 slot = warp_reserve(above, ma, &sm.out_n);
-            if (above) d.emit(slot, __uint_as_float(bits), l.idx[j]);
-        }
-        if (mb != 0) {
-            const u32 slot = warp_reserve(at, mb, &sm.n_cand);
-            if (at && slot < cnt) {  // (exactly cnt: every key of b0 was kept)
-                b0_bits[slot] = bits;
-                b0_idx[slot] = l.idx[j];
-            }
-        }
-    }
-    __syncthreads();  // b0's list is complete
-    staged_refine<NT>(b0_bits, b0_idx, cnt, cnt, b0, need, [](u32) { return true; }, d, sm);
+    // b0 = res_bin over every key; the buffer holds every key at or above it,
+    // and b0's (exactly cnt: every key of b0 was kept) are copied behind it.
+    staged_split_refine<NT>(
+        nbuf, sm.res_bin, k - sm.res_above,
+        [&](u32 j, u32& bits, u32& idx) {
+            bits = l.bits[j];
+            idx = l.idx[j];
+        },
+        l.bits + nbuf, l.idx + nbuf, cnt, d, sm);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits. The
