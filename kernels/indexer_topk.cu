@@ -1152,9 +1152,14 @@ __device__ __forceinline__ DestSink fold_dest(const TopkParams& p, u32 r, const 
     return d;
 }
 
-// What a fold reads for row r: its carry, then this chunk's logits.
-__device__ __forceinline__ void fold_source(const TopkParams& p, u32 r, const RowChunk& rc,
-                                            DenseSource& g) {
+// The row of a fold CTA: what it reads (its carry, then this chunk's logits)
+// and where its k best go. False when this chunk brings the row nothing new:
+// the carry stays where it is.
+__device__ __forceinline__ bool fold_row(const TopkParams& p, DenseSource& g, DestSink& d,
+                                         u32& pad_to) {
+    const u32 r = blockIdx.x;
+    const RowChunk rc = row_chunk(p, r);
+    if (!rc.active && !rc.last) return false;
     const u64 cin = (u64)rc.carry_in * p.carry_half_stride + (u64)r * p.topk;
     g.cv = p.carry_values + cin;
     g.ci = p.carry_indices + cin;
@@ -1162,19 +1167,18 @@ __device__ __forceinline__ void fold_source(const TopkParams& p, u32 r, const Ro
     g.logits = p.logits + (u64)r * p.logits_row_stride;
     g.idx0 = p.chunk * p.chunk_len;
     g.n = rc.n_chunk;
+    d = fold_dest(p, r, rc, &pad_to);
+    return true;
 }
 
 // Grid (rows): carry + this chunk's logits.
 template <int U, bool kRaw>
 __device__ __forceinline__ void topk_fold(const TopkParams& p) {
-    const u32 r = blockIdx.x;
-    const RowChunk rc = row_chunk(p, r);
-    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
     DenseSource g;
-    fold_source(p, r, rc, g);
-    const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
+    DestSink d;
     u32 pad_to;
-    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    if (!fold_row(p, g, d, pad_to)) return;
+    const StagedDense s{g.cv, g.ci, g.n_carry, g.logits, g.idx0, g.n};
     select_staged<U, kRaw, kRadix>(s, g, p.topk, pad_to, d, p, topk_dsm);
 }
 
@@ -1399,13 +1403,10 @@ __device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bou
 
 template <u32 NT, int U>
 __device__ __forceinline__ void topk_stream(const TopkParams& p) {
-    const u32 r = blockIdx.x;
-    const RowChunk rc = row_chunk(p, r);
-    if (!rc.active && !rc.last) return;  // nothing new; the carry stays where it is
     DenseSource g;
-    fold_source(p, r, rc, g);
+    DestSink d;
     u32 pad_to;
-    const DestSink d = fold_dest(p, r, rc, &pad_to);
+    if (!fold_row(p, g, d, pad_to)) return;
     const StreamLayout l = stream_layout(topk_dsm, p);
     StagedSmem& sm = *l.sm;
     const u32 k = p.topk, t = threadIdx.x;
