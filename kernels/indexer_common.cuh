@@ -251,6 +251,12 @@ __device__ __forceinline__ float relu_nan(float x) {
     return y;
 }
 
+// Twice relu_nan(x), as x + |x|: one FADD, which issues to the FMA pipe where
+// max.NaN takes the half-rate ALU pipe. Exact (2x, or +0, or the NaN) for the
+// dot products scored here, which stay far below FLT_MAX / 2; callers halve
+// the weight it multiplies, so (2 relu) * (w / 2) rounds as relu * w.
+__device__ __forceinline__ float relu_nan_x2(float x) { return x + fabsf(x); }
+
 // Fragment layout. The dot product sums over the 128 dims, so A and B may
 // use any one permutation of them. We pick the one where each lane's bytes
 // of a 128-byte row are two 16-byte pieces, [tig*16, +16) and [64 + tig*16,

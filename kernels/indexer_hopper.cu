@@ -404,14 +404,15 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         const u32 my_row = row0 + lane_out.row;
         const u32 my_n = hp_chunk_tokens(p, my_row);  // chunk tokens of this lane's row
         float* const out = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
-        // Weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)).
+        // Half the weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)):
+        // the epilogue multiplies them by twice relu.
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const u32 row = row0 + j / (HP / 8), hd = 8 * (j % (HP / 8)) + 2 * tig;
 #pragma unroll
             for (int e = 0; e < 2; ++e)
                 wreg[j][e] = row < p.rows && hd + e < p.heads
-                                 ? __ldg(p.weights + (u64)row * p.heads + hd + e)
+                                 ? 0.5f * __ldg(p.weights + (u64)row * p.heads + hd + e)
                                  : 0.0f;
         }
         const u32 qs = sit & 1;
@@ -441,10 +442,10 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 #pragma unroll
             for (int j = 0; j < J; ++j) {
                 const int r = j / (HP / 8);
-                x[2 * r] = fmaf(relu_nan(d[4 * j]), wreg[j][0], x[2 * r]);
-                x[2 * r] = fmaf(relu_nan(d[4 * j + 1]), wreg[j][1], x[2 * r]);
-                x[2 * r + 1] = fmaf(relu_nan(d[4 * j + 2]), wreg[j][0], x[2 * r + 1]);
-                x[2 * r + 1] = fmaf(relu_nan(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
+                x[2 * r] = fmaf(relu_nan_x2(d[4 * j]), wreg[j][0], x[2 * r]);
+                x[2 * r] = fmaf(relu_nan_x2(d[4 * j + 1]), wreg[j][1], x[2 * r]);
+                x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 2]), wreg[j][0], x[2 * r + 1]);
+                x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
             }
             const float val = quad_reduce_scatter<2 * QR>(x, tig) * sc;
             const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
