@@ -279,11 +279,12 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
     }
     wg_stage_q<NH, L, FP8>(p, smem, row0);
     float* ws = reinterpret_cast<float*>(smem + L::W);
+    // halved: the epilogue multiplies them by twice relu (relu_nan_x2)
     for (u32 c = tid; c < N; c += WG_THREADS) {
         const u32 rr = c / NH, h = c % NH, row = row0 + rr;
         const u32 lane_t = (c % 8) / 2, j = c / 8, e = c % 2;
         ws[(lane_t * L::W_ROW + j) * 2 + e] =
-            row < p.rows && h < p.heads ? p.weights[(u64)row * p.heads + h] : 0.0f;
+            row < p.rows && h < p.heads ? 0.5f * p.weights[(u64)row * p.heads + h] : 0.0f;
     }
     wg_fence_proxy_async();  // Q, read by wgmma after the first barrier below
 
@@ -388,14 +389,14 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         for (int j = 0; j < UN / 8; j += 2) {
             const float4 w = *reinterpret_cast<const float4*>(wrow + 2 * j);
             const int r0 = (8 * j) / NH, r1 = (8 * (j + 1)) / NH;
-            x[2 * r0] = fmaf(relu_nan(d[D][4 * j]), w.x, x[2 * r0]);
-            x[2 * r0] = fmaf(relu_nan(d[D][4 * j + 1]), w.y, x[2 * r0]);
-            x[2 * r0 + 1] = fmaf(relu_nan(d[D][4 * j + 2]), w.x, x[2 * r0 + 1]);
-            x[2 * r0 + 1] = fmaf(relu_nan(d[D][4 * j + 3]), w.y, x[2 * r0 + 1]);
-            x[2 * r1] = fmaf(relu_nan(d[D][4 * j + 4]), w.z, x[2 * r1]);
-            x[2 * r1] = fmaf(relu_nan(d[D][4 * j + 5]), w.w, x[2 * r1]);
-            x[2 * r1 + 1] = fmaf(relu_nan(d[D][4 * j + 6]), w.z, x[2 * r1 + 1]);
-            x[2 * r1 + 1] = fmaf(relu_nan(d[D][4 * j + 7]), w.w, x[2 * r1 + 1]);
+            x[2 * r0] = fmaf(relu_nan_x2(d[D][4 * j]), w.x, x[2 * r0]);
+            x[2 * r0] = fmaf(relu_nan_x2(d[D][4 * j + 1]), w.y, x[2 * r0]);
+            x[2 * r0 + 1] = fmaf(relu_nan_x2(d[D][4 * j + 2]), w.x, x[2 * r0 + 1]);
+            x[2 * r0 + 1] = fmaf(relu_nan_x2(d[D][4 * j + 3]), w.y, x[2 * r0 + 1]);
+            x[2 * r1] = fmaf(relu_nan_x2(d[D][4 * j + 4]), w.z, x[2 * r1]);
+            x[2 * r1] = fmaf(relu_nan_x2(d[D][4 * j + 5]), w.w, x[2 * r1]);
+            x[2 * r1 + 1] = fmaf(relu_nan_x2(d[D][4 * j + 6]), w.z, x[2 * r1 + 1]);
+            x[2 * r1 + 1] = fmaf(relu_nan_x2(d[D][4 * j + 7]), w.w, x[2 * r1 + 1]);
         }
         const float val = quad_reduce_scatter<2 * UROWS>(x, tig) * pr[P].scale;
         const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
