@@ -203,39 +203,61 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// The quad's sums of NV values (NV = 2 or 4, x[v] this lane's share of value
-// v): lane tig gets value tig % NV summed over the quad's 4 lanes, in the
-// order quad_sum adds (the same bits), from NV - 1 shuffles instead of 2 NV.
+// One butterfly step of a quad reduce-scatter (lanes tig, tig ^ MASK): of
+// each pair (x[2 i], x[2 i + 1]) a lane keeps the one whose index bit is its
+// own bit and adds its partner's copy of it.
+template <u32 MASK, int NV>
+__device__ __forceinline__ void quad_scatter_step(const float (&x)[NV], bool bit,
+                                                  float (&y)[NV / 2]) {
+#pragma unroll
+    for (int i = 0; i < NV / 2; ++i) {
+        const float keep = bit ? x[2 * i + 1] : x[2 * i];
+        const float send = bit ? x[2 * i] : x[2 * i + 1];
+        y[i] = keep + __shfl_xor_sync(0xffffffffu, send, MASK);
+    }
+}
+
+// The quad's sums of NV values (NV = 4 or 8, x[v] this lane's share of value
+// v): lane tig gets values tig + 4 m (m < NV / 4) summed over the quad's 4
+// lanes, in the order quad_sum adds (the same bits), from 3 NV / 4 shuffles
+// instead of 2 NV.
+template <int NV>
+__device__ __forceinline__ void quad_reduce_scatter(const float (&x)[NV], u32 tig,
+                                                    float (&out)[NV / 4]) {
+    static_assert(NV == 4 || NV == 8, "four or eight values a quad");
+    float y[NV / 2];
+    quad_scatter_step<1>(x, tig & 1, y);  // y[i]: value 2 i + tig % 2
+    quad_scatter_step<2>(y, tig & 2, out);
+}
+
+// NV = 2 or 4 values: lane tig gets value tig % NV (NV = 2: two lanes hold
+// each sum).
 template <int NV>
 __device__ __forceinline__ float quad_reduce_scatter(const float (&x)[NV], u32 tig) {
     static_assert(NV == 2 || NV == 4, "two or four values a quad");
-    const bool b0 = tig & 1, b1 = tig & 2;
-    // Step 1 (lanes tig, tig ^ 1): keep values with bit 0 = b0, send the others.
-    float y[NV / 2];
-#pragma unroll
-    for (int i = 0; i < NV / 2; ++i) {
-        const float keep = b0 ? x[2 * i + 1] : x[2 * i];
-        const float send = b0 ? x[2 * i] : x[2 * i + 1];
-        y[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+    if constexpr (NV == 2) {
+        float y[1];
+        quad_scatter_step<1>(x, tig & 1, y);
+        return y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
+    } else {
+        float out[1];
+        quad_reduce_scatter(x, tig, out);
+        return out[0];
     }
-    if constexpr (NV == 2) return y[0] + __shfl_xor_sync(0xffffffffu, y[0], 2);
-    // Step 2 (lanes tig, tig ^ 2): keep the value with bit 1 = b1.
-    const float keep = b1 ? y[NV / 2 - 1] : y[0];
-    const float send = b1 ? y[0] : y[NV / 2 - 1];
-    return keep + __shfl_xor_sync(0xffffffffu, send, 2);
 }
 
-// Which of its quad's 2 R logits [lo0, hi0, lo1, hi1] a lane stores (row r:
-// tokens t_lo and t_lo + 8): value tig % (2 R), quad_reduce_scatter's order.
-// R = 1: lanes 0 and 1 store, lanes 2 and 3 hold copies.
+// Which of its quad's 2 R logits [lo0, hi0, lo1, hi1, ...] a lane stores (row
+// r: tokens t_lo and t_lo + 8): value tig % (2 R), quad_reduce_scatter's order.
+// R = 1: lanes 0 and 1 store, lanes 2 and 3 hold copies. R = 4: every lane
+// stores two, values tig and tig + 4 (rows `row` and `row` + 2, one token).
 template <int R>
 struct QuadLogit {
-    static_assert(R == 1 || R == 2, "a quad's 2 R logits fit its 4 lanes");
+    static_assert(R == 1 || R == 2 || R == 4, "a quad's 2 R logits fit its 4 lanes");
     u32 token;    // t_lo + 8 (value & 1)
     u32 row;      // r of the value
     bool stores;  // the one lane of the value
     __device__ __forceinline__ QuadLogit(u32 tig, u32 t_lo)
-        : QuadLogit(tig & (2 * R - 1), t_lo, tig) {}
+        : QuadLogit(tig & (R == 4 ? 3 : 2 * R - 1), t_lo, tig) {}
 
    private:
     // The value v once, then token and row from it: the form the scorers were

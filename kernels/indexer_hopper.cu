@@ -18,18 +18,17 @@
 //     K, no conversion, natural dim order on both sides;
 //   * FP8 wgmma m64nNk32 (precision="fast": Hopper's FP8 accumulation keeps
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
-//   * four consumer warpgroups: decode (memory-bound) deals them the pages in
-//     turn; prefill (MMA-bound) gives each 2 of the block's 8 query rows (N =
-//     2 x heads) on every page. The relu * weight epilogue (two instructions
-//     per accumulator) is latency-bound in one warp, so it is the number of
-//     warps per scheduler that keeps the tensor pipe fed while others run it:
-//     on one H200, prefill_r4096_L32768's scorer took 2.51 ms with two
-//     warpgroups of 4 rows taking turns, and 2.44 ms with their MMAs split in
-//     two software-pipelined halves (the tensor pipe ~45% busy either way).
-//     What bound it was issue slots: ncu saw 57% of them busy, and the page
-//     loop spent 307 SASS instructions for its 128 of relu * weight. Now the
-//     descriptors are offsets from one base, a quad reduce-scatters its
-//     logits and each lane stores one: 221 instructions, 1.77-1.89 ms;
+//   * decode (memory-bound) has four consumer warpgroups and deals them the
+//     pages in turn. Prefill (MMA-bound) has two, each taking 4 of the
+//     block's 8 query rows (N = 4 x heads) on every page; the tensor pipe
+//     serialises their MMAs, so one runs its relu * weight epilogue while
+//     the other's MMA runs. What bounds prefill is issue slots: ncu saw 57%
+//     of them busy, and a page cost each of four warpgroups' warps 221 SASS
+//     instructions (1.77-1.89 ms on one H200, four warpgroups of 2 rows),
+//     128 of them the relu * weight. With 4 rows a warpgroup the overhead
+//     (the MMA issue, the barriers, the reduce-scatter, the store) is shared
+//     by twice the arithmetic, and the 232 registers a consumer gets hold
+//     the 128 accumulators and the 64 weights;
 //   * decode copies K under an L2 evict-first policy: the cache streams past
 //     once and the logits the selection reads next stay in L2.
 //
@@ -43,26 +42,35 @@
 #include "indexer_common.cuh"
 #include "wgmma_fp8_ss.cuh"
 
-#define HP_CONSUMERS 4
-#define HP_THREADS 640  // producer warpgroup (one warp works) + 4 consumer warpgroups
-static_assert(HP_THREADS == 128 * (1 + HP_CONSUMERS), "one warpgroup per role");
+#define HP_DECODE_CONSUMERS 4
+#define HP_PREFILL_CONSUMERS 2
+// producer warpgroup (one warp works) + the consumer warpgroups
+#define HP_DECODE_THREADS 640
+#define HP_PREFILL_THREADS 384
 #define HP_DECODE_STAGES 16
 #define HP_PREFILL_STAGES 8
-#define HP_PREFILL_ROWS 8  // query rows of a prefill block (2 per consumer warpgroup)
+#define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
-// Registers per thread after the warpgroups' reallocation (setmaxnreg). The
-// pool is what the CTA got at launch: 640 threads x 96 (the most a multiple
-// of 8 allows under 64 K); asking for more than the producer gives back
-// blocks the consumers for ever (seen on an H200 with 40 / 112).
-#define HP_PRODUCER_REGS 32
-#define HP_CONSUMER_REGS 112
-#define HP_ENTRY_REGS (65536 / HP_THREADS / 8 * 8)
-static_assert(HP_PRODUCER_REGS + HP_CONSUMERS * HP_CONSUMER_REGS <=
-                  (1 + HP_CONSUMERS) * HP_ENTRY_REGS,
-              "the consumers' registers come from the producer's");
+// A CTA's roles: its threads, and the registers per thread after the
+// warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
+// launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
+// asking for more than the producer gives back blocks the consumers for ever
+// (seen on an H200 with 40 / 112 for 640 threads).
+template <int CONSUMERS>
+struct HpRoles {
+    static constexpr u32 THREADS = 128 * (1 + CONSUMERS);
+    static constexpr u32 ENTRY_REGS = 65536 / THREADS / 8 * 8;
+    static constexpr u32 PRODUCER_REGS = CONSUMERS == 4 ? 32 : 40;
+    static constexpr u32 CONSUMER_REGS = CONSUMERS == 4 ? 112 : 232;
+    static_assert(CONSUMERS == 2 || CONSUMERS == 4, "the two shapes");
+    static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * ENTRY_REGS,
+                  "the consumers' registers come from the producer's");
+};
+static_assert(HpRoles<HP_DECODE_CONSUMERS>::THREADS == HP_DECODE_THREADS, "decode CTA");
+static_assert(HpRoles<HP_PREFILL_CONSUMERS>::THREADS == HP_PREFILL_THREADS, "prefill CTA");
 
 // A CUtensorMap (the driver encodes it on the host; opaque here).
 struct alignas(64) TmaDesc {
@@ -218,10 +226,10 @@ __device__ __forceinline__ BlockRows<RPB> hp_block(const ScoreParams& p, u32 blk
 }
 
 // prefix[b] = units of the blocks before b, prefix[blocks] = all units.
-template <int RPB, int UNIT>
+template <int RPB, int UNIT, u32 THREADS>
 __device__ __forceinline__ void hp_scan_units(const ScoreParams& p, u32* prefix, u32* warp_sums,
                                               u32 blocks) {
-    const u32 per = (blocks + HP_THREADS - 1) / HP_THREADS;
+    const u32 per = (blocks + THREADS - 1) / THREADS;
     const u32 b0 = min(threadIdx.x * per, blocks), b1 = min(b0 + per, blocks);
     u32 sum = 0;
     for (u32 b = b0; b < b1; ++b) {
@@ -230,7 +238,7 @@ __device__ __forceinline__ void hp_scan_units(const ScoreParams& p, u32* prefix,
         sum += units;
     }
     u32 all;
-    u32 run = block_exclusive_sum<HP_THREADS>(sum, warp_sums, all);
+    u32 run = block_exclusive_sum<THREADS>(sum, warp_sums, all);
     for (u32 b = b0; b < b1; ++b) {
         const u32 units = prefix[b];
         prefix[b] = run;
@@ -267,13 +275,14 @@ __device__ __forceinline__ void hp_segments(const ScoreParams& p, const u32* pre
 // ---------------------------------------------------------------- the kernel
 
 // HP: padded heads; RPB: rows per block; QR: rows per consumer tile
-// (decode 1: both warpgroups on one row, alternate pages; prefill 4: the two
+// (decode 1: the warpgroups on one row, pages in turn; prefill 4: the two
 // warpgroups split the block's 8 rows, every page).
-template <int HP, int RPB, int QR, int UNIT, int STAGES>
+template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>
 __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     using L = HpSmem<HP, RPB, STAGES>;
+    using Roles = HpRoles<CONSUMERS>;
     constexpr bool PREFILL = QR > 1;
-    static_assert(PREFILL ? RPB == HP_CONSUMERS * QR : RPB == 1, "tiles per block");
+    static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
     const ScoreParams& p = hp.s;
 
     extern __shared__ __align__(16) u8 smem_raw[];
@@ -292,7 +301,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 
     // Consumers release a K stage: decode one warpgroup (128 threads),
     // prefill all of them; a Q stage: all of them.
-    constexpr u32 K_RELEASERS = PREFILL ? 128 * HP_CONSUMERS : 128;
+    constexpr u32 K_RELEASERS = PREFILL ? 128 * CONSUMERS : 128;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < STAGES; ++s) {
             mbar_init(full_k(s), 1);
@@ -300,13 +309,13 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         }
         for (u32 s = 0; s < 2; ++s) {
             mbar_init(full_q(s), 1);
-            mbar_init(empty_q(s), 128 * HP_CONSUMERS);
+            mbar_init(empty_q(s), 128 * CONSUMERS);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     u32* prefix = reinterpret_cast<u32*>(smem + L::PREFIX);
     const u32 blocks = (p.rows + RPB - 1) / RPB;
-    hp_scan_units<RPB, UNIT>(p, prefix, reinterpret_cast<u32*>(smem + L::WARP_SUMS), blocks);
+    hp_scan_units<RPB, UNIT, Roles::THREADS>(p, prefix, reinterpret_cast<u32*>(smem + L::WARP_SUMS), blocks);
 
     i32* pids = reinterpret_cast<i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
@@ -314,7 +323,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 
     if (warp < 4) {
         // ---------------- producer
-        regs_dec<HP_PRODUCER_REGS>();
+        regs_dec<Roles::PRODUCER_REGS>();
         if (warp != 0) return;
         // Decode streams each K page once: evict it first, so the logits the
         // selection reads next stay in L2. Prefill reads each page again for
@@ -378,7 +387,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     }
 
     // ---------------- consumers
-    regs_inc<HP_CONSUMER_REGS>();
+    regs_inc<Roles::CONSUMER_REGS>();
     // Warp-uniform by construction (lane 0's value): the compiler keeps what
     // follows from it (descriptors, stages) in uniform registers.
     const u32 wg = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // consumer warpgroup
@@ -391,7 +400,8 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     using Mma = WgmmaFp8Ss<N>;
     float d[Mma::REGS];
     float wreg[J][2];
-    const QuadLogit<QR> lane_out(tig, t_lo);  // the logit this lane stores from each page
+    const QuadLogit<QR> lane_out(tig, t_lo);  // the logits this lane stores from each page
+    constexpr int OUTS = QR == 4 ? 2 : 1;     // rows lane_out.row + 2 m, m < OUTS
     // Descriptors advance by address / 16 (the start field): K stage st and
     // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
     const u64 k_desc = hp_desc(base + L::K);
@@ -401,9 +411,14 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         pe = min(pe, br.pages);
         const u32 tile = PREFILL ? wg * QR : 0;  // first row of this warpgroup's tile in the block
         const u32 row0 = br.row0 + tile;
-        const u32 my_row = row0 + lane_out.row;
-        const u32 my_n = hp_chunk_tokens(p, my_row);  // chunk tokens of this lane's row
-        float* const out = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
+        u32 my_n[OUTS];  // chunk tokens of this lane's rows
+        float* out[OUTS];
+#pragma unroll
+        for (int m = 0; m < OUTS; ++m) {
+            const u32 my_row = row0 + lane_out.row + 2 * m;
+            my_n[m] = hp_chunk_tokens(p, my_row);
+            out[m] = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
+        }
         // Half the weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)):
         // the epilogue multiplies them by twice relu.
 #pragma unroll
@@ -420,7 +435,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         const u64 q_desc = hp_desc(base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM);
         for (u32 page = pb; page < pe; ++page, ++kit) {
             // decode: pages round-robin over the warpgroups; prefill: all on every page
-            if (!PREFILL && kit % HP_CONSUMERS != wg) continue;
+            if (!PREFILL && kit % CONSUMERS != wg) continue;
             const u32 st = kit % STAGES;
             mbar_wait(full_k(st), (kit / STAGES) & 1);
             const i32 pid = pids[st];
@@ -447,25 +462,32 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 2]), wreg[j][0], x[2 * r + 1]);
                 x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
             }
-            const float val = quad_reduce_scatter<2 * QR>(x, tig) * sc;
+            float val[OUTS];
+            if constexpr (QR == 1)
+                val[0] = quad_reduce_scatter<2>(x, tig);
+            else
+                quad_reduce_scatter(x, tig, val);
             const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
-            if (lane_out.stores && t < my_n) out[page * IDX_PAGE_ROWS] = pid >= 0 ? val : skip;
+#pragma unroll
+            for (int m = 0; m < OUTS; ++m)
+                if (lane_out.stores && t < my_n[m])
+                    out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
         }
         mbar_arrive(empty_q(qs));
         ++sit;
     });
 }
 
-#define HOPPER_KERNELS(HEADS)                                                              \
-    B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
-        b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {    \
-        idx_zero_select_state(hp.s);                                                       \
-        hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES>(hp);                                    \
-    }                                                                                      \
-    B12X_KERNEL void __launch_bounds__(HP_THREADS, 1)                                      \
-        b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {   \
-        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_CONSUMERS, HP_PREFILL_UNIT,  \
-                 HP_PREFILL_STAGES>(hp);                                                   \
+#define HOPPER_KERNELS(HEADS)                                                                \
+    B12X_KERNEL void __launch_bounds__(HP_DECODE_THREADS, 1)                                 \
+        b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {      \
+        idx_zero_select_state(hp.s);                                                         \
+        hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                 \
+    }                                                                                        \
+    B12X_KERNEL void __launch_bounds__(HP_PREFILL_THREADS, 1)                                \
+        b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {     \
+        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS,             \
+                 HP_PREFILL_UNIT, HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);              \
     }
 
 HOPPER_KERNELS(16)

@@ -50,7 +50,10 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 /// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
 /// four consumer warpgroups per CTA, K rings of these depths.
-const HOPPER_THREADS: u32 = 640;
+/// The TMA scorers' CTAs: a producer warpgroup and four (decode) or two
+/// (prefill) consumer warpgroups.
+const HOPPER_DECODE_THREADS: u32 = 640;
+const HOPPER_PREFILL_THREADS: u32 = 384;
 const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
 
@@ -650,13 +653,15 @@ impl LaunchRecipe {
                     },
                 )
             }
-            ScorerGrid::Tma { shared_bytes, .. } => {
+            ScorerGrid::Tma { shared_bytes, block_rows, .. } => {
                 let grid = (sms, 1, 1);
+                let threads =
+                    if block_rows == 1 { HOPPER_DECODE_THREADS } else { HOPPER_PREFILL_THREADS };
                 (
                     0,
                     LaunchConfig {
                         grid,
-                        block: (HOPPER_THREADS, 1, 1),
+                        block: (threads, 1, 1),
                         shared_bytes,
                         cluster: 1,
                         dependent: false,
@@ -1004,7 +1009,8 @@ mod tests {
             ("WG_PREFILL_STAGES", WGMMA_PREFILL_STAGES as u64),
             ("WG_PREFILL_ROWS", WGMMA_PREFILL_ROWS as u64),
             ("WG_PREFILL_MIN_CTAS", WGMMA_PREFILL_CTAS_PER_SM as u64),
-            ("HP_THREADS", HOPPER_THREADS as u64),
+            ("HP_DECODE_THREADS", HOPPER_DECODE_THREADS as u64),
+            ("HP_PREFILL_THREADS", HOPPER_PREFILL_THREADS as u64),
             ("HP_DECODE_STAGES", HOPPER_DECODE_STAGES as u64),
             ("HP_PREFILL_STAGES", HOPPER_PREFILL_STAGES as u64),
             ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
