@@ -16,8 +16,8 @@ KERNELS = Path(__file__).resolve().parent
 # N of the scorers' units: decode N = padded heads, prefill halves N = 2 * padded heads.
 WIDTHS = (16, 32, 48, 64, 96, 128)
 # N of the TMA-fed scorers (indexer_hopper.cu): decode N = padded heads, prefill
-# N = 4 query rows * padded heads.
-SS_WIDTHS = (16, 32, 48, 64, 128, 192, 256)
+# N = 2 query rows * padded heads (a page's MMAs in two parts).
+SS_WIDTHS = (16, 32, 48, 64, 96, 128)
 
 
 @dataclass(frozen=True)

@@ -397,8 +397,13 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     const float skip = idx_not_candidate();
     constexpr int N = QR * HP;
     constexpr int J = N / 8;  // n8 groups of a thread's accumulators
-    using Mma = WgmmaFp8Ss<N>;
-    float d[Mma::REGS];
+    // Prefill issues a page's MMAs in two parts (rows 0-1 and 2-3 of its tile),
+    // each its own commit group: the first part's epilogue runs while the
+    // second part's MMAs do.
+    constexpr int PARTS = PREFILL ? 2 : 1;
+    constexpr int JP = J / PARTS;  // n8 groups of a part
+    using Mma = WgmmaFp8Ss<N / PARTS>;
+    float d[PARTS][Mma::REGS];
     float wreg[J][2];
     const QuadLogit<QR> lane_out(tig, t_lo);  // the logits this lane stores from each page
     constexpr int OUTS = QR == 4 ? 2 : 1;     // rows lane_out.row + 2 m, m < OUTS
@@ -442,25 +447,37 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
             hp_wgmma_fence();
             const u64 a = k_desc + st * (HP_PAGE_K_BYTES / 16);
-            Mma::mma_first(d, a, q_desc);
 #pragma unroll
-            for (int s = 1; s < 4; ++s) Mma::mma(d, a + 2 * s, q_desc + 2 * s);
-            hp_wgmma_commit();
-            hp_wgmma_wait<0>();
-            Mma::fence_operands(d);
-            mbar_arrive(empty_k(st));
+            for (int part = 0; part < PARTS; ++part) {
+                const u64 b = q_desc + part * (N / PARTS * IDX_HEAD_DIM / 16);
+                Mma::mma_first(d[part], a, b);
+#pragma unroll
+                for (int s = 1; s < 4; ++s) Mma::mma(d[part], a + 2 * s, b + 2 * s);
+                hp_wgmma_commit();
+                Mma::fence_operands(d[part]);
+            }
 
             // relu * weight over each row's heads: this lane's share.
             float x[2 * QR];
 #pragma unroll
             for (int v = 0; v < 2 * QR; ++v) x[v] = 0.0f;
 #pragma unroll
-            for (int j = 0; j < J; ++j) {
-                const int r = j / (HP / 8);
-                x[2 * r] = fmaf(relu_nan_x2(d[4 * j]), wreg[j][0], x[2 * r]);
-                x[2 * r] = fmaf(relu_nan_x2(d[4 * j + 1]), wreg[j][1], x[2 * r]);
-                x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 2]), wreg[j][0], x[2 * r + 1]);
-                x[2 * r + 1] = fmaf(relu_nan_x2(d[4 * j + 3]), wreg[j][1], x[2 * r + 1]);
+            for (int part = 0; part < PARTS; ++part) {
+                if (part + 1 < PARTS)
+                    hp_wgmma_wait<PARTS - 1>();
+                else
+                    hp_wgmma_wait<0>();
+                Mma::fence_operands(d[part]);
+                if (part + 1 == PARTS) mbar_arrive(empty_k(st));
+#pragma unroll
+                for (int jp = 0; jp < JP; ++jp) {
+                    const int j = part * JP + jp, r = j / (HP / 8);
+                    const float* dj = d[part] + 4 * jp;
+                    x[2 * r] = fmaf(relu_nan_x2(dj[0]), wreg[j][0], x[2 * r]);
+                    x[2 * r] = fmaf(relu_nan_x2(dj[1]), wreg[j][1], x[2 * r]);
+                    x[2 * r + 1] = fmaf(relu_nan_x2(dj[2]), wreg[j][0], x[2 * r + 1]);
+                    x[2 * r + 1] = fmaf(relu_nan_x2(dj[3]), wreg[j][1], x[2 * r + 1]);
+                }
             }
             float val[OUTS];
             if constexpr (QR == 1)
