@@ -117,6 +117,13 @@ struct WgmmaFp8Ss<{n}> {{
     static __device__ __forceinline__ void mma_first(float (&d)[{regs}], u64 desc_a, u64 desc_b) {{
         {asm(0, "=f")}
     }}
+    // The same with d bound read-write, so that the compiler keeps each
+    // accumulator in the registers it had: where accumulators alternate with
+    // MMAs in flight, renamed ones would be registers in flight.
+    static __device__ __forceinline__ void mma_first_in_place(float (&d)[{regs}], u64 desc_a,
+                                                              u64 desc_b) {{
+        {asm(0, "+f")}
+    }}
     // d += A . B^T over one k32 step.
     static __device__ __forceinline__ void mma(float (&d)[{regs}], u64 desc_a, u64 desc_b) {{
         {asm(1, "+f")}

@@ -51,6 +51,7 @@
 #define HP_PREFILL_STAGES 8
 #define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
+#define HP_PREFILL_RUN 4   // pages whose MMAs a prefill warpgroup keeps rolling
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
@@ -398,8 +399,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     constexpr int N = QR * HP;
     constexpr int J = N / 8;  // n8 groups of a thread's accumulators
     // Prefill issues a page's MMAs in two parts (rows 0-1 and 2-3 of its tile),
-    // each its own commit group: the first part's epilogue runs while the
-    // second part's MMAs do.
+    // each its own commit group.
     constexpr int PARTS = PREFILL ? 2 : 1;
     constexpr int JP = J / PARTS;  // n8 groups of a part
     using Mma = WgmmaFp8Ss<N / PARTS>;
@@ -438,47 +438,36 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         const u32 qs = sit & 1;
         mbar_wait(full_q(qs), (sit >> 1) & 1);
         const u64 q_desc = hp_desc(base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM);
-        for (u32 page = pb; page < pe; ++page, ++kit) {
-            // decode: pages round-robin over the warpgroups; prefill: all on every page
-            if (!PREFILL && kit % CONSUMERS != wg) continue;
-            const u32 st = kit % STAGES;
-            mbar_wait(full_k(st), (kit / STAGES) & 1);
-            const i32 pid = pids[st];
-            const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
+        // Part P's MMAs over K stage st (one commit group) into d[P].
+        auto issue = [&](auto part, u32 st) {
+            constexpr int P = decltype(part)::value;
             hp_wgmma_fence();
             const u64 a = k_desc + st * (HP_PAGE_K_BYTES / 16);
+            const u64 b = q_desc + P * (N / PARTS * IDX_HEAD_DIM / 16);
+            if constexpr (PREFILL)
+                Mma::mma_first_in_place(d[P], a, b);
+            else
+                Mma::mma_first(d[P], a, b);
 #pragma unroll
-            for (int part = 0; part < PARTS; ++part) {
-                const u64 b = q_desc + part * (N / PARTS * IDX_HEAD_DIM / 16);
-                Mma::mma_first(d[part], a, b);
+            for (int s = 1; s < 4; ++s) Mma::mma(d[P], a + 2 * s, b + 2 * s);
+            hp_wgmma_commit();
+            Mma::fence_operands(d[P]);
+        };
+        // relu * weight over part P's heads (its MMAs complete): this lane's share.
+        auto accumulate = [&](auto part, float (&x)[2 * QR]) {
+            constexpr int P = decltype(part)::value;
+            Mma::fence_operands(d[P]);
 #pragma unroll
-                for (int s = 1; s < 4; ++s) Mma::mma(d[part], a + 2 * s, b + 2 * s);
-                hp_wgmma_commit();
-                Mma::fence_operands(d[part]);
+            for (int jp = 0; jp < JP; ++jp) {
+                const int j = P * JP + jp, r = j / (HP / 8);
+                const float* dj = d[P] + 4 * jp;
+                x[2 * r] = fmaf(relu_nan_x2(dj[0]), wreg[j][0], x[2 * r]);
+                x[2 * r] = fmaf(relu_nan_x2(dj[1]), wreg[j][1], x[2 * r]);
+                x[2 * r + 1] = fmaf(relu_nan_x2(dj[2]), wreg[j][0], x[2 * r + 1]);
+                x[2 * r + 1] = fmaf(relu_nan_x2(dj[3]), wreg[j][1], x[2 * r + 1]);
             }
-
-            // relu * weight over each row's heads: this lane's share.
-            float x[2 * QR];
-#pragma unroll
-            for (int v = 0; v < 2 * QR; ++v) x[v] = 0.0f;
-#pragma unroll
-            for (int part = 0; part < PARTS; ++part) {
-                if (part + 1 < PARTS)
-                    hp_wgmma_wait<PARTS - 1>();
-                else
-                    hp_wgmma_wait<0>();
-                Mma::fence_operands(d[part]);
-                if (part + 1 == PARTS) mbar_arrive(empty_k(st));
-#pragma unroll
-                for (int jp = 0; jp < JP; ++jp) {
-                    const int j = part * JP + jp, r = j / (HP / 8);
-                    const float* dj = d[part] + 4 * jp;
-                    x[2 * r] = fmaf(relu_nan_x2(dj[0]), wreg[j][0], x[2 * r]);
-                    x[2 * r] = fmaf(relu_nan_x2(dj[1]), wreg[j][1], x[2 * r]);
-                    x[2 * r + 1] = fmaf(relu_nan_x2(dj[2]), wreg[j][0], x[2 * r + 1]);
-                    x[2 * r + 1] = fmaf(relu_nan_x2(dj[3]), wreg[j][1], x[2 * r + 1]);
-                }
-            }
+        };
+        auto store = [&](u32 page, const float (&x)[2 * QR], i32 pid, float sc) {
             float val[OUTS];
             if constexpr (QR == 1)
                 val[0] = quad_reduce_scatter<2>(x, tig);
@@ -489,6 +478,58 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             for (int m = 0; m < OUTS; ++m)
                 if (lane_out.stores && t < my_n[m])
                     out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
+        };
+        if constexpr (!PREFILL) {
+            // Pages round-robin over the warpgroups, one at a time.
+            for (u32 page = pb; page < pe; ++page, ++kit) {
+                if (kit % CONSUMERS != wg) continue;
+                const u32 st = kit % STAGES;
+                mbar_wait(full_k(st), (kit / STAGES) & 1);
+                const i32 pid = pids[st];
+                const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
+                issue(Int<0>{}, st);
+                hp_wgmma_wait<0>();
+                mbar_arrive(empty_k(st));
+                float x[2 * QR] = {};
+                accumulate(Int<0>{}, x);
+                store(page, x, pid, sc);
+            }
+        } else {
+            // Every page, in runs of R pages whose parts roll: each part's
+            // epilogue but the run's last runs while the next part's MMAs do
+            // (this page's second, the next page's first). No MMA is in
+            // flight from one run to the next: where one is, across a loop's
+            // back edge, ptxas serialises them all.
+            auto run = [&](auto pages, u32 page0) {
+                constexpr int R = decltype(pages)::value;
+                mbar_wait(full_k(kit % STAGES), (kit / STAGES) & 1);
+                issue(Int<0>{}, kit % STAGES);
+                issue(Int<1>{}, kit % STAGES);
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    const u32 k = kit + i, st = k % STAGES, next = (k + 1) % STAGES;
+                    const i32 pid = pids[st];
+                    const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
+                    float x[2 * QR] = {};
+                    hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
+                    accumulate(Int<0>{}, x);
+                    if (i + 1 < R) {
+                        mbar_wait(full_k(next), ((k + 1) / STAGES) & 1);
+                        issue(Int<0>{}, next);
+                        hp_wgmma_wait<1>();  // part 1 (the next page's part 0 in flight)
+                    } else {
+                        hp_wgmma_wait<0>();
+                    }
+                    mbar_arrive(empty_k(st));
+                    accumulate(Int<1>{}, x);
+                    if (i + 1 < R) issue(Int<1>{}, next);
+                    store(page0 + i, x, pid, sc);
+                }
+                kit += R;
+            };
+            u32 page = pb;
+            for (; page + HP_PREFILL_RUN <= pe; page += HP_PREFILL_RUN) run(Int<HP_PREFILL_RUN>{}, page);
+            for (; page < pe; ++page) run(Int<1>{}, page);
         }
         mbar_arrive(empty_q(qs));
         ++sit;
