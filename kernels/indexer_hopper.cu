@@ -51,7 +51,7 @@
 #define HP_PREFILL_STAGES 8
 #define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
-#define HP_PREFILL_RUN 4   // pages whose MMAs a prefill warpgroup keeps rolling
+#define HP_PREFILL_RUN 8   // pages whose MMAs a prefill warpgroup keeps rolling
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
