@@ -191,16 +191,6 @@ __device__ __forceinline__ u32 hp_dynamic_smem_bytes() {
     return v;
 }
 
-// *ptr = v where p holds, as one predicated store: a branch around it costs
-// a convergence barrier pair, and the scorers store every page.
-__device__ __forceinline__ void st_global_if(bool p, float* ptr, float v) {
-    asm volatile(
-        "{\n .reg .pred q;\n setp.ne.b32 q, %0, 0;\n @q st.global.f32 [%1], %2;\n}\n" ::"r"(
-            (u32)p),
-        "l"(ptr), "f"(v)
-        : "memory");
-}
-
 template <int V>
 struct Int {
     static constexpr int value = V;
@@ -486,8 +476,8 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
 #pragma unroll
             for (int m = 0; m < OUTS; ++m)
-                st_global_if(lane_out.stores && t < my_n[m], out[m] + page * IDX_PAGE_ROWS,
-                             pid >= 0 ? val[m] * sc : skip);
+                if (lane_out.stores && t < my_n[m])
+                    out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
         };
         if constexpr (!PREFILL) {
             // Pages round-robin over the warpgroups, one at a time.
