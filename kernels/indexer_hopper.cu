@@ -1,5 +1,6 @@
 // Hopper (sm_90a) scorers fed by the tensor memory accelerator (TMA):
-// persistent CTAs, one producer warp, two consumer warpgroups.
+// persistent CTAs, one producer warp, four (decode) or two (prefill) consumer
+// warpgroups.
 //
 // Same contract as the other scorers (ScoreParams, the logits chunk, the
 // live-length rule, "not a candidate" for unmapped pages, page ids bounded by
@@ -20,15 +21,17 @@
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
 //   * decode (memory-bound) has four consumer warpgroups and deals them the
 //     pages in turn. Prefill (MMA-bound) has two, each taking 4 of the
-//     block's 8 query rows (N = 4 x heads) on every page; the tensor pipe
-//     serialises their MMAs, so one runs its relu * weight epilogue while
-//     the other's MMA runs. What bounds prefill is issue slots: ncu saw 57%
-//     of them busy, and a page cost each of four warpgroups' warps 221 SASS
-//     instructions (1.77-1.89 ms on one H200, four warpgroups of 2 rows),
-//     128 of them the relu * weight. With 4 rows a warpgroup the overhead
-//     (the MMA issue, the barriers, the reduce-scatter, the store) is shared
-//     by twice the arithmetic, and the 232 registers a consumer gets hold
-//     the 128 accumulators and the 64 weights;
+//     block's 8 query rows on every page, its MMAs in two parts of 2 rows
+//     (N = 2 x heads, a commit group each) that roll through runs of
+//     HP_PREFILL_RUN pages: each part's relu * weight epilogue runs while the
+//     next part's MMAs do. What bounds prefill is one warp's epilogue, two
+//     FP32 instructions per accumulator: four warpgroups of 2 rows spent 221
+//     SASS instructions a page in each warp and a fifth of their time waiting
+//     on their MMAs (1.77-1.89 ms on one H200). Two of 4 rows spread the
+//     rest (the MMA issue, the barriers, the reduce-scatter, the store) over
+//     twice the arithmetic, the 232 registers a consumer gets hold both
+//     parts' 128 accumulators and the 64 weights, and the rolling parts take
+//     the MMA wait off the warps (1.66-1.76 ms: round 18's notes);
 //   * decode copies K under an L2 evict-first policy: the cache streams past
 //     once and the logits the selection reads next stay in L2.
 //
@@ -404,7 +407,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     constexpr int JP = J / PARTS;  // n8 groups of a part
     using Mma = WgmmaFp8Ss<N / PARTS>;
     float d[PARTS][Mma::REGS];
-    float wreg[J][2];
+    float wreg[J][2];  // halved weights (below)
     const QuadLogit<QR> lane_out(tig, t_lo);  // the logits this lane stores from each page
     constexpr int OUTS = QR == 4 ? 2 : 1;     // rows lane_out.row + 2 m, m < OUTS
     // Descriptors advance by address / 16 (the start field): K stage st and
@@ -528,7 +531,8 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 kit += R;
             };
             u32 page = pb;
-            for (; page + HP_PREFILL_RUN <= pe; page += HP_PREFILL_RUN) run(Int<HP_PREFILL_RUN>{}, page);
+            for (; page + HP_PREFILL_RUN <= pe; page += HP_PREFILL_RUN)
+                run(Int<HP_PREFILL_RUN>{}, page);
             for (; page < pe; ++page) run(Int<1>{}, page);
         }
         mbar_arrive(empty_q(qs));
