@@ -257,7 +257,7 @@ struct QuadLogit {
     u32 row;      // r of the value
     bool stores;  // the one lane of the value
     __device__ __forceinline__ QuadLogit(u32 tig, u32 t_lo)
-        : QuadLogit(tig & (R == 4 ? 3 : 2 * R - 1), t_lo, tig) {}
+        : QuadLogit(tig & (2 * R - 1), t_lo, tig) {}
 
    private:
     // The value v once, then token and row from it: the form the scorers were
