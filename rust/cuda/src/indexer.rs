@@ -533,8 +533,17 @@ pub struct LaunchRecipe {
     stages: Stages,
 }
 
-/// Threads and dynamic shared memory of the TMA-fed scorers (mirrors
-/// `HpSmem` in kernels/indexer_hopper.cu; the kernel traps if given less).
+/// Threads of a TMA-fed scorer CTA: decode (one row a block) or prefill.
+pub fn hopper_threads(block_rows: u32) -> u32 {
+    if block_rows == 1 {
+        HOPPER_DECODE_THREADS
+    } else {
+        HOPPER_PREFILL_THREADS
+    }
+}
+
+/// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
+/// kernels/indexer_hopper.cu; the kernel traps if given less).
 pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
     let q_stage = block_rows * heads_padded * HEAD_DIM;
@@ -654,13 +663,11 @@ impl LaunchRecipe {
             }
             ScorerGrid::Tma { shared_bytes, block_rows, .. } => {
                 let grid = (sms, 1, 1);
-                let threads =
-                    if block_rows == 1 { HOPPER_DECODE_THREADS } else { HOPPER_PREFILL_THREADS };
                 (
                     0,
                     LaunchConfig {
                         grid,
-                        block: (threads, 1, 1),
+                        block: (hopper_threads(block_rows), 1, 1),
                         shared_bytes,
                         cluster: 1,
                         dependent: false,
@@ -1088,6 +1095,8 @@ mod tests {
             hopper_shared_bytes(64, 8),
             8 * 8192 + 2 * 65536 + 8 * 260 + 20 * 8 + 4097 * 4 + 128 + 1024
         );
+        // a producer warpgroup and four (decode) or two (prefill) consumers
+        assert_eq!((hopper_threads(1), hopper_threads(TMA_PREFILL_BLOCK_ROWS)), (640, 384));
         for heads in [16, 32, 48, 64] {
             for rows in [1, TMA_PREFILL_BLOCK_ROWS] {
                 assert!(hopper_shared_bytes(heads, rows) <= H200, "{heads} x {rows}");
