@@ -16,8 +16,9 @@ KERNELS = Path(__file__).resolve().parent
 # N of the scorers' units: decode N = padded heads, prefill halves N = 2 * padded heads.
 WIDTHS = (16, 32, 48, 64, 96, 128)
 # N of the TMA-fed scorers (indexer_hopper.cu): decode N = padded heads, prefill
-# N = 2 query rows * padded heads (a page's MMAs in two parts).
-SS_WIDTHS = (16, 32, 48, 64, 96, 128)
+# N = 2 query rows * padded heads + 8 (a page's MMAs in two parts, each with
+# the 2 rows' linear-part columns: HP_LIN_LEVELS of them a row).
+SS_WIDTHS = (16, 32, 48, 64, 40, 72, 104, 136)
 
 
 @dataclass(frozen=True)

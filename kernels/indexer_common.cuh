@@ -168,6 +168,17 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Named barrier `id` over `threads` threads (whole warps).
+__device__ __forceinline__ void group_barrier(u32 id, u32 threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Shared-memory stores are generic-proxy writes; wgmma and TMA read through
+// the async proxy. Each writer fences after its stores, before the barrier.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // Inclusive sum of `x` over lanes 0..lane of the warp.
 __device__ __forceinline__ u32 warp_inclusive_sum(u32 x) {
     const u32 lane = threadIdx.x & 31;

@@ -161,10 +161,6 @@ __device__ __forceinline__ void decode_tile_f16(const AFragF16 (&qa)[MT][8], con
     }
 }
 
-__device__ __forceinline__ void group_barrier(u32 id, u32 threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // MT head tiles split over GROUP warps (MT / GROUP each) that share one ring
 // (GROUP = 2 halves the Q registers per warp, so twice the warps fit an SM).
 template <int MT, int GROUP>

@@ -55,6 +55,8 @@
 #define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
 #define HP_PREFILL_RUN 8   // pages whose MMAs a prefill warpgroup keeps rolling
+#define HP_PREFILL_PART_ROWS 2  // query rows of one part of a prefill page's MMAs
+#define HP_LIN_LEVELS 4    // e4m3 vectors of a prefill row's linear part (below)
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
@@ -85,27 +87,38 @@ struct alignas(64) TmaDesc {
 struct HopperParams {
     TmaDesc k_map;      // u8 {128, 64, pages}, strides {128, page_stride}, box {128, 64, 1}, swizzle 128B
     TmaDesc scale_map;  // f32 {64, pages} at kcache + 8192, stride page_stride, box {64, 1}
-    TmaDesc q_map;      // u8 {128, heads, rows}, strides {128, heads * 128}, box {128, HP, RPB}, swizzle 128B
+    TmaDesc q_map;      // u8 {128, heads, rows}, strides {128, heads * 128}, box {128, HP, PART_ROWS}, swizzle 128B
     ScoreParams s;
 };
 
 // Shared-memory plan (dynamic, from a 1024-byte aligned base: TMA's 128-byte
 // swizzle and the matrix descriptors repeat every 8 rows of 128 bytes). The
 // host sizes the allocation with the same formula (hopper_shared_bytes).
+// A Q stage is the block's B operand, one part after another: a part is the
+// Q of PART_ROWS query rows (HP head rows each, by TMA) and, for prefill, the
+// LIN rows of their linear parts (written by the consumers).
 template <int HP, int RPB, int STAGES>
 struct HpSmem {
-    static constexpr u32 Q_BYTES = RPB * HP * IDX_HEAD_DIM;  // one Q stage
+    static constexpr u32 PART_ROWS = RPB == 1 ? 1 : HP_PREFILL_PART_ROWS;
+    static constexpr u32 LIN = RPB == 1 ? 0 : HP_LIN_LEVELS * PART_ROWS;
+    static constexpr u32 PART_N = PART_ROWS * HP + LIN;  // B rows of a part
+    static constexpr u32 Q_PART = PART_N * IDX_HEAD_DIM;
+    static constexpr u32 Q_BYTES = RPB / PART_ROWS * Q_PART;    // one Q stage
+    static constexpr u32 Q_TMA_BYTES = RPB * HP * IDX_HEAD_DIM;  // what TMA writes of it
     static constexpr u32 K = 0;
     static constexpr u32 Q = K + STAGES * HP_PAGE_K_BYTES;
     static constexpr u32 SCALE = Q + 2 * Q_BYTES;
-    static constexpr u32 PID = SCALE + STAGES * HP_PAGE_SCALE_BYTES;
+    // the linear parts' level scales, [Q stage][block row][level]
+    static constexpr u32 LIN_SCALE = SCALE + STAGES * HP_PAGE_SCALE_BYTES;
+    static constexpr u32 PID = LIN_SCALE + (LIN ? 2 * RPB * HP_LIN_LEVELS * 4 : 0);
     static constexpr u32 BAR = PID + STAGES * 4;  // 8-aligned: STAGES is even
     // full_k[STAGES], empty_k[STAGES], full_q[2], empty_q[2]
     static constexpr u32 PREFIX = BAR + (2 * STAGES + 4) * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
     static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
     static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
-    static_assert(Q_BYTES % 1024 == 0, "Q stages stay on the swizzle period");
+    static_assert(Q_PART % 1024 == 0, "Q parts stay on the swizzle period");
+    static_assert(RPB % PART_ROWS == 0, "whole parts");
 };
 
 // ---------------------------------------------------------------- PTX helpers
@@ -276,6 +289,83 @@ __device__ __forceinline__ void hp_segments(const ScoreParams& p, const u32* pre
     }
 }
 
+// ---------------------------------------------------------------- prefill's linear part
+//
+// relu(x) = (x + |x|) / 2, so a row's sum_h w_h relu(q_h . k) is
+// sum_h (w_h / 2) |q_h . k| + k . q_w, q_w = sum_h (w_h / 2) q_h: the prefill
+// epilogue takes one FFMA an accumulator (|d| times the halved weight, the
+// abs a free operand modifier) where relu then weight took two, and k . q_w
+// comes out of the page's MMAs as extra B columns. q_w is no e4m3 vector: it
+// goes in as HP_LIN_LEVELS of them, a_l with scales s_l, each level the e4m3
+// rounding of what the levels before it left (after four, less than 2^-16 of
+// max |q_w| is left), so the MMA's accumulation bounds the error as it does
+// for the heads' own dots.
+
+// e4m3 bytes of four floats (byte i from v[i]), rounded to nearest, finite.
+__device__ __forceinline__ u32 e4m3x4_of(const float (&v)[4]) {
+    u32 w;
+    asm("{\n .reg .b16 l, h;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 l, %2, %1;\n"
+        " cvt.rn.satfinite.e4m3x2.f32 h, %4, %3;\n"
+        " mov.b32 %0, {l, h};\n}\n"
+        : "=r"(w)
+        : "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]));
+    return w;
+}
+
+// The four e4m3 bytes of `w` as floats (byte i to v[i]; exact).
+__device__ __forceinline__ void floats_of_e4m3x4(u32 w, float (&v)[4]) {
+    u32 lo, hi;  // f16x2 of bytes (0, 1) and (2, 3), byte 0 / 2 in the low half
+    cvt_e4m3x4(w, lo, hi);
+    v[0] = __half2float(__ushort_as_half((unsigned short)(lo & 0xffffu)));
+    v[1] = __half2float(__ushort_as_half((unsigned short)(lo >> 16)));
+    v[2] = __half2float(__ushort_as_half((unsigned short)(hi & 0xffffu)));
+    v[3] = __half2float(__ushort_as_half((unsigned short)(hi >> 16)));
+}
+
+// One warp writes the linear part of query row `row`: q_w over this lane's
+// dims 4 lane .. 4 lane + 3 from the Q rows of its part (`part`, B rows
+// row_in_part * HP + h, TMA's 128-byte swizzle: 16-byte chunk c of B row n at
+// n * 128 + (c ^ n % 8) * 16), its levels to B rows PART_ROWS * HP +
+// row_in_part * HP_LIN_LEVELS + l the same way, their scales to scales[l].
+// Rows past p.rows and heads past p.heads weigh 0.
+template <int HP, int PART_ROWS>
+__device__ __forceinline__ void hp_write_linear_part(const ScoreParams& p, u32 row, u8* part,
+                                                     u32 row_in_part, float* scales, u32 lane) {
+    const u32 chunk = lane >> 2, byte = 4 * (lane & 3);
+    auto word = [&](u32 n) {
+        return reinterpret_cast<u32*>(part + n * IDX_HEAD_DIM + ((chunk ^ (n & 7)) << 4) + byte);
+    };
+    const float* wrow = p.weights + (u64)row * p.heads;
+    float qw[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (u32 h = 0; h < HP; ++h) {
+        const float w = row < p.rows && h < p.heads ? 0.5f * __ldg(wrow + h) : 0.0f;
+        float q[4];
+        floats_of_e4m3x4(*word(row_in_part * HP + h), q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qw[i] = fmaf(w, q[i], qw[i]);
+    }
+#pragma unroll
+    for (u32 l = 0; l < HP_LIN_LEVELS; ++l) {
+        float m = fmaxf(fmaxf(fabsf(qw[0]), fabsf(qw[1])), fmaxf(fabsf(qw[2]), fabsf(qw[3])));
+#pragma unroll
+        for (u32 o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        // a_l = what is left / s_l, |a_l| <= 448; what it misses goes to the next level
+        const float s = m * (1.0f / 448.0f);
+        const float inv = m > 0.0f ? fminf(448.0f / m, 3.0e38f) : 0.0f;
+        float a[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = qw[i] * inv;
+        const u32 bytes = e4m3x4_of(a);
+        floats_of_e4m3x4(bytes, a);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) qw[i] = fmaf(-s, a[i], qw[i]);
+        *word(PART_ROWS * HP + row_in_part * HP_LIN_LEVELS + l) = bytes;
+        if (lane == 0) scales[l] = s;
+    }
+}
+
 // ---------------------------------------------------------------- the kernel
 
 // HP: padded heads; RPB: rows per block; QR: rows per consumer tile
@@ -340,9 +430,10 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const u32 qs = sit & 1;
             mbar_wait(empty_q(qs), ((sit >> 1) & 1) ^ 1);
             if (lane == 0) {
-                mbar_expect_tx(full_q(qs), L::Q_BYTES);
-                tma_load_3d(base + L::Q + qs * L::Q_BYTES, &hp.q_map, full_q(qs), 0, 0,
-                            (i32)br.row0);
+                mbar_expect_tx(full_q(qs), L::Q_TMA_BYTES);
+                for (u32 part = 0; part < RPB / L::PART_ROWS; ++part)
+                    tma_load_3d(base + L::Q + qs * L::Q_BYTES + part * L::Q_PART, &hp.q_map,
+                                full_q(qs), 0, 0, (i32)(br.row0 + part * L::PART_ROWS));
             }
             const i32* pt = pt_base + (u64)br.row0 * p.pt_row_stride;
             for (u32 i0 = pb; i0 < pe; i0 += 32) {
@@ -400,14 +491,18 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
     constexpr int N = QR * HP;
-    constexpr int J = N / 8;  // n8 groups of a thread's accumulators
+    constexpr int J = N / 8;  // n8 groups of the tile's heads in a thread's accumulators
     // Prefill issues a page's MMAs in two parts (rows 0-1 and 2-3 of its tile),
-    // each its own commit group.
-    constexpr int PARTS = PREFILL ? 2 : 1;
-    constexpr int JP = J / PARTS;  // n8 groups of a part
-    using Mma = WgmmaFp8Ss<N / PARTS>;
+    // each its own commit group, and takes each row's linear part from it.
+    constexpr int PARTS = QR / L::PART_ROWS;
+    static_assert(!PREFILL || QR == 4, "a consumer warp writes one row's linear part");
+    constexpr int JP = J / PARTS;  // n8 groups of a part's heads (then LIN / 8 more)
+    using Mma = WgmmaFp8Ss<L::PART_N>;
     float d[PARTS][Mma::REGS];
     float wreg[J][2];  // halved weights (below)
+    // prefill: the scales of this lane's linear-part columns (part P, n8 group
+    // JP: 2 tig, 2 tig + 1, levels 2 (tig & 1) + e of the part's row tig / 2)
+    float lin_s[PARTS][2];
     const QuadLogit<QR> lane_out(tig, t_lo);  // the logits this lane stores from each page
     constexpr int OUTS = QR == 4 ? 2 : 1;     // rows lane_out.row + 2 m, m < OUTS
     // Descriptors advance by address / 16 (the start field): K stage st and
@@ -440,13 +535,30 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         }
         const u32 qs = sit & 1;
         mbar_wait(full_q(qs), (sit >> 1) & 1);
-        const u64 q_desc = hp_desc(base + L::Q + qs * L::Q_BYTES + tile * HP * IDX_HEAD_DIM);
+        u8* q_stage = smem + L::Q + qs * L::Q_BYTES;
+        if constexpr (PREFILL) {
+            // warp cw: the linear part of the tile's row cw; the warpgroup's
+            // MMAs read it after the barrier.
+            float* lin_scales = reinterpret_cast<float*>(smem + L::LIN_SCALE) + qs * RPB * HP_LIN_LEVELS;
+            const u32 r = tile + cw;
+            hp_write_linear_part<HP, L::PART_ROWS>(p, br.row0 + r, q_stage + r / L::PART_ROWS * L::Q_PART,
+                                                   r % L::PART_ROWS, lin_scales + r * HP_LIN_LEVELS, lane);
+            fence_proxy_async_shared();
+            group_barrier(1 + wg, 128);
+#pragma unroll
+            for (int P = 0; P < PARTS; ++P) {
+                const float* sc = lin_scales + (tile + P * L::PART_ROWS + (tig >> 1)) * HP_LIN_LEVELS + 2 * (tig & 1);
+                lin_s[P][0] = sc[0];
+                lin_s[P][1] = sc[1];
+            }
+        }
+        const u64 q_desc = hp_desc(smem_addr(q_stage) + tile / L::PART_ROWS * L::Q_PART);
         // Part P's MMAs over K stage st (one commit group) into d[P].
         auto issue = [&](auto part, u32 st) {
             constexpr int P = decltype(part)::value;
             hp_wgmma_fence();
             const u64 a = k_desc + st * (HP_PAGE_K_BYTES / 16);
-            const u64 b = q_desc + P * (N / PARTS * IDX_HEAD_DIM / 16);
+            const u64 b = q_desc + P * (L::Q_PART / 16);
             if constexpr (PREFILL)
                 Mma::mma_first_in_place(d[P], a, b);
             else
@@ -456,18 +568,34 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             hp_wgmma_commit();
             Mma::fence_operands(d[P]);
         };
-        // relu * weight over part P's heads (its MMAs complete): this lane's share.
+        // relu * weight over part P's heads (its MMAs complete): this lane's
+        // share. Decode: 2 relu times the halved weight; prefill: |d| times it,
+        // plus the rows' linear parts.
         auto accumulate = [&](auto part, float (&x)[2 * QR]) {
             constexpr int P = decltype(part)::value;
             Mma::fence_operands(d[P]);
+            auto term = [](float v) { return PREFILL ? fabsf(v) : relu_nan_x2(v); };
 #pragma unroll
             for (int jp = 0; jp < JP; ++jp) {
                 const int j = P * JP + jp, r = j / (HP / 8);
                 const float* dj = d[P] + 4 * jp;
-                x[2 * r] = fmaf(relu_nan_x2(dj[0]), wreg[j][0], x[2 * r]);
-                x[2 * r] = fmaf(relu_nan_x2(dj[1]), wreg[j][1], x[2 * r]);
-                x[2 * r + 1] = fmaf(relu_nan_x2(dj[2]), wreg[j][0], x[2 * r + 1]);
-                x[2 * r + 1] = fmaf(relu_nan_x2(dj[3]), wreg[j][1], x[2 * r + 1]);
+                x[2 * r] = fmaf(term(dj[0]), wreg[j][0], x[2 * r]);
+                x[2 * r] = fmaf(term(dj[1]), wreg[j][1], x[2 * r]);
+                x[2 * r + 1] = fmaf(term(dj[2]), wreg[j][0], x[2 * r + 1]);
+                x[2 * r + 1] = fmaf(term(dj[3]), wreg[j][1], x[2 * r + 1]);
+            }
+            if constexpr (PREFILL) {
+                // k . q_w of the part's row tig / 2 (tile row r0 or r0 + 1), tokens
+                // t_lo and t_lo + 8; added by a select, so a NaN stays in its row
+                const float* dl = d[P] + 4 * JP;
+                const float l0 = fmaf(lin_s[P][0], dl[0], lin_s[P][1] * dl[1]);
+                const float l1 = fmaf(lin_s[P][0], dl[2], lin_s[P][1] * dl[3]);
+                const bool second = tig & 2;
+                constexpr int r0 = P * L::PART_ROWS;
+                x[2 * r0] += second ? 0.0f : l0;
+                x[2 * r0 + 1] += second ? 0.0f : l1;
+                x[2 * r0 + 2] += second ? l0 : 0.0f;
+                x[2 * r0 + 3] += second ? l1 : 0.0f;
             }
         };
         auto store = [&](u32 page, const float (&x)[2 * QR], i32 pid, float sc) {

@@ -84,12 +84,6 @@ struct WgSmem {
     static constexpr u32 BYTES = PID + STAGES * 4;
 };
 
-// Shared-memory stores are generic-proxy writes; wgmma reads B through the
-// async proxy. Each writer fences after its stores, before the barrier.
-__device__ __forceinline__ void wg_fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -286,7 +280,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         ws[(lane_t * L::W_ROW + j) * 2 + e] =
             row < p.rows && h < p.heads ? 0.5f * p.weights[(u64)row * p.heads + h] : 0.0f;
     }
-    wg_fence_proxy_async();  // Q, read by wgmma after the first barrier below
+    fence_proxy_async_shared();  // Q, read by wgmma after the first barrier below
 
     const u32 lane = tid & 31, warp = tid >> 5;
     const u32 gid = lane >> 2, tig = lane & 3;

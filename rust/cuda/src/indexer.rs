@@ -55,6 +55,11 @@ const HOPPER_DECODE_THREADS: u32 = 640;
 const HOPPER_PREFILL_THREADS: u32 = 384;
 const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
+/// Query rows of one part of a prefill page's MMAs (HP_PREFILL_PART_ROWS), and
+/// the e4m3 levels of each row's linear part (HP_LIN_LEVELS): B rows the
+/// consumers write after the part's Q.
+const HOPPER_PREFILL_PART_ROWS: u32 = 2;
+const HOPPER_LIN_LEVELS: u32 = 4;
 
 /// Dynamic shared memory of a wgmma scorer CTA: the FP8 K ring, the rows' Q
 /// (as f16, or as FP8 for the fast flavor), the ring's scales, the weights
@@ -542,13 +547,26 @@ pub fn hopper_threads(block_rows: u32) -> u32 {
     }
 }
 
+/// Query rows of a TMA scorer's Q load (one part of a block) and the B rows
+/// the consumers add to each part: prefill parts of 2 rows, each with its
+/// linear part's levels; decode one row, nothing added.
+fn hopper_part(block_rows: u32) -> (u32, u32) {
+    if block_rows == 1 {
+        (1, 0)
+    } else {
+        (HOPPER_PREFILL_PART_ROWS, HOPPER_PREFILL_PART_ROWS * HOPPER_LIN_LEVELS)
+    }
+}
+
 /// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
 /// kernels/indexer_hopper.cu; the kernel traps if given less).
 pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
-    let q_stage = block_rows * heads_padded * HEAD_DIM;
+    let (part_rows, lin) = hopper_part(block_rows);
+    let q_stage = block_rows / part_rows * (part_rows * heads_padded + lin) * HEAD_DIM;
+    let lin_scales = if lin == 0 { 0 } else { 2 * block_rows * HOPPER_LIN_LEVELS * 4 };
     let k = stages * PAGE_SIZE * HEAD_DIM;
-    let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
+    let scales_and_ids = stages * (PAGE_SIZE * 4 + 4) + lin_scales;
     let barriers = (2 * stages + 4) * 8;
     let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4; // the prefix, the warps' sums
     k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
@@ -706,8 +724,8 @@ fn debug_check(b: &Binding) {
 }
 
 /// The TMA scorers' tensor maps of one call: K pages (the cache's page
-/// stride), their scales, and the rows' Q (out-of-range heads and rows read
-/// as zeros).
+/// stride), their scales, and the rows' Q, a part's rows a box (out-of-range
+/// heads and rows read as zeros).
 fn hopper_maps(
     a: &b12x_core::indexer::IndexerArgs,
     heads_padded: u32,
@@ -737,7 +755,7 @@ fn hopper_maps(
         address: a.q,
         dims: &[HEAD_DIM as u64, a.heads as u64, a.rows.max(1) as u64],
         strides: &[HEAD_DIM as u64, a.heads as u64 * HEAD_DIM as u64],
-        boxes: &[HEAD_DIM, heads_padded, block_rows],
+        boxes: &[HEAD_DIM, heads_padded, hopper_part(block_rows).0],
         swizzle128: true,
     }
     .encode("q_fp8")?;
@@ -1020,6 +1038,8 @@ mod tests {
             ("HP_DECODE_STAGES", HOPPER_DECODE_STAGES as u64),
             ("HP_PREFILL_STAGES", HOPPER_PREFILL_STAGES as u64),
             ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
+            ("HP_PREFILL_PART_ROWS", HOPPER_PREFILL_PART_ROWS as u64),
+            ("HP_LIN_LEVELS", HOPPER_LIN_LEVELS as u64),
             ("HP_MAX_BLOCKS", TMA_MAX_ROW_BLOCKS as u64),
             ("SEL_THREADS", SELECT_THREADS as u64),
             ("SG_STATE_WORDS", SELECT_STATE_WORDS),
@@ -1090,10 +1110,11 @@ mod tests {
             hopper_shared_bytes(64, 1),
             16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
         );
-        // prefill: 8 rows x 64 heads of Q per stage
+        // prefill: 4 parts of 2 rows x 64 heads of Q and 2 x 4 linear-part
+        // rows per stage, the levels' scales
         assert_eq!(
             hopper_shared_bytes(64, 8),
-            8 * 8192 + 2 * 65536 + 8 * 260 + 20 * 8 + 4097 * 4 + 128 + 1024
+            8 * 8192 + 2 * 4 * 136 * 128 + 8 * 260 + 2 * 8 * 4 * 4 + 20 * 8 + 4097 * 4 + 128 + 1024
         );
         // a producer warpgroup and four (decode) or two (prefill) consumers
         assert_eq!((hopper_threads(1), hopper_threads(TMA_PREFILL_BLOCK_ROWS)), (640, 384));

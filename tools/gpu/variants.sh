@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Variant rounds of the indexer: wheels measured alternately in one call.
+#   tools/gpu/variants.sh NAME=WHEEL [NAME=WHEEL ...]
+# For each wheel in turn (TESTS=1, the default): install it and run the
+# indexer's GPU tests. Then ROUNDS times (default 2) for each wheel: install it
+# and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`.
+# Logs and JSON go to $RESULTS (default gpu-results/), packed into
+# $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column.
+source "$(dirname "$0")/common.sh" ""
+CASES=${CASES:-prefill_r4096_L32768}
+ROUNDS=${ROUNDS:-2}
+declare -a NAMES WHEELS
+for spec in "$@"; do
+  NAMES+=("${spec%%=*}")
+  WHEELS+=("${spec#*=}")
+done
+install() { python3 -m pip install -q --no-deps --force-reinstall "$1" 2>&1 | tail -1; }
+if [ "${TESTS:-1}" = 1 ]; then
+  for i in "${!NAMES[@]}"; do
+    install "${WHEELS[$i]}"
+    TAIL=3 step "test_${NAMES[$i]}" 300 bash -c \
+      'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
+  done
+fi
+for r in $(seq 1 "$ROUNDS"); do
+  for i in "${!NAMES[@]}"; do
+    install "${WHEELS[$i]}"
+    TAIL=1 step "bench_${NAMES[$i]}-$r" 300 b12x bench indexer --no-torch --no-deepgemm \
+      --cases $CASES --json "$RESULTS/${NAMES[$i]}-$r.json"
+  done
+done
+tar -C "$RESULTS" -cJf "$RESULTS/variants.tar.xz" --exclude variants.tar.xz .
+python3 - "$RESULTS" "${NAMES[@]}" <<'EOF'
+import json, sys
+from pathlib import Path
+res, names = Path(sys.argv[1]), sys.argv[2:]
+runs = sorted(res.glob("*-[0-9]*.json"), key=lambda p: (p.stem.rsplit("-", 1)[1], names.index(p.stem.rsplit("-", 1)[0])))
+table = {}
+for path in runs:
+    for r in json.loads(path.read_text())["results"]:
+        if r.get("median_us") is not None:
+            table.setdefault((r["case"], r["arm"]), {})[path.stem] = r["median_us"]
+cols = [p.stem for p in runs]
+print(f"{'case':22} {'arm':22} " + " ".join(f"{c:>12}" for c in cols))
+for (case, arm), v in table.items():
+    print(f"{case[:22]:22} {arm:22} " + " ".join(f"{v.get(c, float('nan')):12.1f}" for c in cols))
+EOF
