@@ -22,16 +22,16 @@
 //   * decode (memory-bound) has four consumer warpgroups and deals them the
 //     pages in turn. Prefill (MMA-bound) has two, each taking 4 of the
 //     block's 8 query rows on every page, its MMAs in two parts of 2 rows
-//     (N = 2 x heads, a commit group each) that roll through runs of
-//     HP_PREFILL_RUN pages: each part's relu * weight epilogue runs while the
-//     next part's MMAs do. What bounds prefill is one warp's epilogue, two
-//     FP32 instructions per accumulator: four warpgroups of 2 rows spent 221
-//     SASS instructions a page in each warp and a fifth of their time waiting
-//     on their MMAs (1.77-1.89 ms on one H200). Two of 4 rows spread the
-//     rest (the MMA issue, the barriers, the reduce-scatter, the store) over
-//     twice the arithmetic, the 232 registers a consumer gets hold both
-//     parts' 128 accumulators and the 64 weights, and the rolling parts take
-//     the MMA wait off the warps (1.66-1.76 ms: round 18's notes);
+//     (N = 2 x heads + 8, a commit group each) that roll through runs of
+//     HP_PREFILL_RUN pages: each part's epilogue runs while the next part's
+//     MMAs do. What bounded prefill was the warps' epilogue, two FP32
+//     instructions an accumulator (relu, then times the weight: 1.66-1.76 ms
+//     on one H200, round 18's notes). Prefill now takes relu as (x + |x|) /
+//     2: one FFMA an accumulator, and each row's linear half from 8 more B
+//     columns of the part (its "linear part", below): 218 SASS instructions
+//     a page in each warp where there were 313 (1.56-1.74 ms, round 19's);
+//     the 232 registers a consumer gets hold both parts' 136 accumulators and
+//     the 64 weights;
 //   * decode copies K under an L2 evict-first policy: the cache streams past
 //     once and the logits the selection reads next stay in L2.
 //
