@@ -6,7 +6,8 @@ Runs decode (one and several chunks, two-stage top-k, physical output, an
 unmapped page, a partial last page, len 0) and shared-table prefill through
 plan / bind / run, each once; then each again with live page ids past the
 cache (one past the end and 2^31 - 1), which must be skipped without an
-out-of-bounds read and reported by ``Binding.check()``.
+out-of-bounds read and reported by ``Binding.check()``. Each at both
+precisions (on Hopper "fast" runs the TMA scorers).
 """
 
 from __future__ import annotations
@@ -39,16 +40,21 @@ def case(rows, heads, width, lengths, mode, seed):
 
 def main() -> None:
     rows, heads, width = 3, 48, 300
-    for mode, supertile, space in [
-        ("decode", 0, "logical"),  # one chunk, two-stage top-k
-        ("decode", 1536, "physical"),  # several chunks
-        ("prefill", 1024, "logical"),
+    for precision, mode, supertile, space in [
+        (precision, *shape)
+        for precision in ("exact", "fast")
+        for shape in [
+            ("decode", 0, "logical"),  # one chunk, two-stage top-k
+            ("decode", 1536, "physical"),  # several chunks
+            ("prefill", 1024, "logical"),
+        ]
     ]:
         inputs = case(rows, heads, width, [width * 64 - 5, 700, 0], mode, seed=len(mode))
         plan = di.plan(
             di.Caps(device="cuda", num_q_heads=heads, max_q_rows=rows,
                     max_page_table_width=width, topk=512, mode=mode,
-                    output_index_space=space, supertile_tokens=supertile)
+                    output_index_space=space, supertile_tokens=supertile,
+                    precision=precision)
         )  # fmt: skip
         out = torch.empty(rows, 512, dtype=torch.int32, device="cuda")
         sc = torch.empty(rows, 512, device="cuda")
@@ -64,10 +70,11 @@ def main() -> None:
         di.run(b)
         try:
             b.check()
-            raise SystemExit(f"{mode}: the page ids past the cache were not reported")
+            raise SystemExit(f"{mode} {precision}: the page ids past the cache were not reported")
         except PageTableError as e:
             reported = str(e)
-        print(f"{mode} supertile={plan.supertile_tokens} slices={plan.topk_slices}: ok; "
+        print(f"{mode} {precision} ({plan.mma_flavor}) supertile={plan.supertile_tokens} "
+              f"slices={plan.topk_slices}: ok; "
               f"{reported[:64]}...")  # fmt: skip
 
 
