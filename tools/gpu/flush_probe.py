@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from b12x import _core, cli
 from b12x.bench import indexer as bench_indexer
 
@@ -46,7 +45,9 @@ def main() -> int:
         if name == "clean":
             bench_indexer.l2_flusher = clean_flusher  # type: ignore[assignment]
         path = out / f"flush_{name}.json"
-        rc = cli.main(["bench", "indexer", "--no-torch", "--no-deepgemm", "--json", str(path), *extra])
+        rc = cli.main(
+            ["bench", "indexer", "--no-torch", "--no-deepgemm", "--json", str(path), *extra]
+        )
         if rc != 0:
             return rc
         res = json.loads(path.read_text())["results"]
