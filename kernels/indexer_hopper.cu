@@ -353,6 +353,7 @@ __device__ __forceinline__ void hp_write_linear_part(const ScoreParams& p, u32 r
         for (u32 o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         // a_l = what is left / s_l, |a_l| <= 448; what it misses goes to the next level
         const float s = m * (1.0f / 448.0f);
+        // (clamped: 448 / m overflows for a subnormal m; a_l stays within 448)
         const float inv = m > 0.0f ? fminf(448.0f / m, 3.0e38f) : 0.0f;
         float a[4];
 #pragma unroll
@@ -523,7 +524,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             out[m] = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
         }
         // Half the weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)):
-        // the epilogue multiplies them by twice relu.
+        // the epilogue multiplies them by twice relu (decode) or |d| (prefill).
 #pragma unroll
         for (int j = 0; j < J; ++j) {
             const u32 row = row0 + j / (HP / 8), hd = 8 * (j % (HP / 8)) + 2 * tig;
