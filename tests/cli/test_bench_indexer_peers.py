@@ -48,15 +48,28 @@ STORED = stored(
 
 
 class Timer:
-    """Runs each step once (as the graph capture's warm-up would) and returns fixed samples."""
+    """The bench's timer with no clock: declaring an arm runs its step once
+    (as the graph capture's warm-up would) and returns a list that stays empty
+    until ``run``, which fills every arm's with fixed samples and then runs the
+    finishes in order, as ``ArmTimer.run`` does after timing."""
 
     def __init__(self) -> None:
-        self.steps = 0
+        self.arms: list[list[float]] = []
+        self.finishes = []
 
     def __call__(self, fn) -> list[float]:
         fn()
-        self.steps += 1
-        return list(SAMPLES)
+        self.arms.append([])
+        return self.arms[-1]
+
+    def then(self, finish) -> None:
+        self.finishes.append(finish)
+
+    def run(self) -> None:
+        for samples in self.arms:
+            samples.extend(SAMPLES)
+        for finish in self.finishes:
+            finish()
 
 
 def env(dg=None, ops=None, table=STORED, device="NVIDIA H200", capability=H200):
@@ -76,7 +89,10 @@ def env(dg=None, ops=None, table=STORED, device="NVIDIA H200", capability=H200):
 def run_peers(case, peer_env, rows=()):
     result = BenchResult("indexer", {})
     result.results.extend(dict(r) for r in rows)
-    stock.peer_arms(result, case, make_inputs(case, "cpu"), peer_env, Timer(), {"floor": 1.0})
+    timer = Timer()
+    stock.peer_arms(result, case, make_inputs(case, "cpu"), peer_env, timer, {"floor": 1.0})
+    assert len(result.results) == len(rows), "a peer row was added before its arm was timed"
+    timer.run()
     return result, {r["arm"]: r for r in result.results}
 
 

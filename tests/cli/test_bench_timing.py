@@ -1,10 +1,13 @@
-"""The GPU-timing helper's bookkeeping (b12x.bench.common.gpu_time_us), with a
-fake clock in place of CUDA events: which calls are timed, how samples are
-divided, when it waits. No real time is measured."""
+"""The GPU-timing helpers' bookkeeping (b12x.bench.common.gpu_time_us and
+b12x.bench.interleave), with a fake clock in place of CUDA events: which
+calls are timed, how samples are divided, when it waits. No real time is
+measured."""
 
 from __future__ import annotations
 
+import pytest
 from b12x.bench.common import gpu_time_us
+from b12x.bench.interleave import ArmTimer, time_interleaved_us
 
 
 class FakeGpu:
@@ -80,3 +83,67 @@ def test_no_warmup_means_no_leading_wait():
     gpu = FakeGpu()
     assert time_with(gpu, lambda: gpu.run(0.5, "step"), 1) == [500.0]
     assert gpu.log == ["record", "step", "record", "sync"]
+
+
+# --- arms timed in turn (b12x.bench.interleave) -----------------------------------------------
+
+
+def interleaved(gpu: FakeGpu, steps, samples, **kw) -> list[list[float]]:
+    return time_interleaved_us(steps, samples, event=gpu.event, synchronize=gpu.synchronize, **kw)
+
+
+def arm(gpu: FakeGpu, name: str, ms: float):
+    return lambda: gpu.run(ms, name)
+
+
+def test_arms_take_turns_and_each_sample_times_only_its_own_arm():
+    gpu = FakeGpu()
+    got = interleaved(
+        gpu, [arm(gpu, "a", 1.0), arm(gpu, "b", 2.0), arm(gpu, "c", 3.0)], [2, 2, 2],
+        flush=lambda: gpu.run(50.0, "flush"),
+    )  # fmt: skip
+    assert got == [[1000.0, 1000.0], [2000.0, 2000.0], [3000.0, 3000.0]]
+    steps = [s for s in gpu.log if s in "abc"]
+    # round 0 from a, round 1 from b: no arm always follows the same one
+    assert steps == ["a", "b", "c", "b", "c", "a"]
+    assert gpu.log.count("flush") == 6 and gpu.log.count("sync") == 1
+    assert gpu.log[:4] == ["flush", "record", "a", "record"]
+
+
+def test_an_arm_with_fewer_samples_drops_out_of_the_later_rounds():
+    gpu = FakeGpu()
+    got = interleaved(gpu, [arm(gpu, "a", 1.0), arm(gpu, "t", 9.0)], [3, 1], rotate=False)
+    assert got == [[1000.0] * 3, [9000.0]]
+    assert [s for s in gpu.log if s in ("a", "t")] == ["a", "t", "a", "a"]
+
+
+def test_the_counts_must_match_the_steps():
+    with pytest.raises(ValueError, match="samples expected 2 counts, got 1"):
+        interleaved(FakeGpu(), [lambda: None, lambda: None], [3])
+
+
+def test_arm_timer_fills_samples_only_when_run_then_finishes_in_order():
+    gpu = FakeGpu()
+    captured: list[str] = []
+
+    def capture(fn):
+        fn()  # the capture's warm-up run
+        captured.append("captured")
+        return fn
+
+    timer = ArmTimer(2, capture=capture, event=gpu.event, synchronize=gpu.synchronize)
+    a = timer(arm(gpu, "a", 1.0))
+    b = timer(arm(gpu, "b", 4.0), 1)
+    seen: list[tuple[str, list[float]]] = []
+    timer.then(lambda: seen.append(("a", list(a))))
+    timer.then(lambda: seen.append(("b", list(b))))
+    assert a == [] and b == [] and seen == [] and captured == ["captured"] * 2
+    timer.run()
+    assert seen == [("a", [1000.0, 1000.0]), ("b", [4000.0])]
+    gpu.log.clear()
+    b.rerun()  # one more replay of b's step, waited for
+    assert gpu.log == ["b", "sync"]
+    with pytest.raises(RuntimeError, match="declared after run"):
+        timer(arm(gpu, "c", 1.0))
+    with pytest.raises(RuntimeError, match="twice"):
+        timer.run()

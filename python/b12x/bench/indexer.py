@@ -2,7 +2,9 @@
 
 Each arm is captured once in a CUDA graph and replayed; before every replay a
 buffer of twice the L2 size is rewritten (outside the timed events), so every
-sample reads the K cache from HBM. Arms per case: `b12x` (the default, exact
+sample reads the K cache from HBM. A case's arms are timed interleaved (one
+replay of each in turn, :mod:`b12x.bench.interleave`), so that all of them run
+on the same clocks; the checks follow the timing. Arms per case: `b12x` (the default, exact
 plan), `b12x_fast` (`Caps(precision="fast")`: FP8 wgmma on Hopper, the exact
 flavor elsewhere), `topk_only:b12x` and `topk_only:torch` (the top-k stage
 alone on the logits the `b12x` arm left in its scratch: b12x's selection
@@ -37,7 +39,8 @@ from b12x._core import INDEXER_PAGE_BYTES as PAGE_BYTES
 from b12x._core import INDEXER_PAGE_SIZE as PAGE
 from b12x.bench import indexer_peers as peers
 from b12x.bench import indexer_stock
-from b12x.bench.common import BenchResult, l2_flusher, time_graph_us
+from b12x.bench.common import BenchResult, l2_flusher
+from b12x.bench.interleave import ArmTimer, Samples
 
 if TYPE_CHECKING:
     import torch
@@ -197,7 +200,7 @@ def topk_only_arms(
     binding: Any,
     bind: Callable[..., Any],
     args: argparse.Namespace,
-    flush: Callable[[], object],
+    timer: ArmTimer,
     extra: dict[str, Any],
 ) -> None:
     """The top-k stage alone on the logits the b12x arm left in its scratch:
@@ -214,12 +217,8 @@ def topk_only_arms(
         result.notes.append(f"{case.name}: topk_only arms skipped (the plan has several chunks)")
         return
     stage = bind(_core.indexer_build_plan(caps, topk_only=True), scratch=binding.scratch)
-    result.add(
-        case.name,
-        "topk_only:b12x",
-        time_graph_us(partial(di.run, stage), args.iters, flush=flush),
-        **extra,
-    )
+    samples = timer(partial(di.run, stage))
+    timer.then(lambda: result.add(case.name, "topk_only:b12x", samples, **extra))
     if args.no_torch:
         return
     logits = di.scratch_views(binding)["logits"][: case.rows, : case.context]
@@ -230,8 +229,8 @@ def topk_only_arms(
     def torch_topk(masked: torch.Tensor = masked, k: int = case.topk) -> None:
         torch.topk(masked, k, dim=1)
 
-    samples = time_graph_us(torch_topk, args.torch_iters, flush=flush)
-    result.add(case.name, "topk_only:torch", samples, **extra)
+    torch_samples = timer(torch_topk, args.torch_iters)
+    timer.then(lambda: result.add(case.name, "topk_only:torch", torch_samples, **extra))
 
 
 def score_only_arms(
@@ -239,8 +238,7 @@ def score_only_arms(
     case: Case,
     caps_of: Callable[[str], Any],
     bind: Callable[..., Any],
-    args: argparse.Namespace,
-    flush: Callable[[], object],
+    timer: ArmTimer,
     extra: dict[str, Any],
 ) -> None:
     """The scorers alone: ``score_only:b12x`` and ``score_only:b12x_fast``,
@@ -261,11 +259,50 @@ def score_only_arms(
             if note not in result.notes:
                 result.notes.append(note)
             return
-        stage = bind(plan)
-        samples = time_graph_us(partial(di.run, stage), args.iters, flush=flush)
+        samples = timer(partial(di.run, bind(plan)))
         fields = {**extra, "mma_flavor": plan.mma_flavor, "precision": precision}
-        result.add(case.name, arm, samples, **fields)
-        del stage
+        timer.then(partial(result.add, case.name, arm, samples, **fields))
+
+
+def torch_arm(
+    result: BenchResult,
+    case: Case,
+    inputs: tuple[torch.Tensor, ...],
+    timer: ArmTimer,
+    b12x: tuple[dict[str, dict[str, Any]], dict[str, torch.Tensor]],
+    extra: dict[str, Any],
+    iters: int,
+) -> None:
+    """``torch``, what a user would write (:func:`torch_indexer`), and its
+    agreement with the ``b12x`` arm's selection (bf16 GEMM in the torch arm:
+    near-ties may differ), from the rows and selections of the b12x arms (``b12x``)."""
+    q, w, kcache, table, lengths, _aw = inputs
+    ref: dict[str, torch.Tensor] = {}
+
+    def torch_call() -> None:
+        ref["idx"] = torch_indexer(q, w, kcache, table, lengths, case.topk)
+
+    samples = timer(torch_call, iters)
+
+    def finish() -> None:
+        samples.rerun()
+        rows, selections = b12x
+        b = rows["b12x"]
+        overlap = min(
+            len(set(a.tolist()) & set(c.tolist())) / case.topk
+            for a, c in zip(selections["b12x"][:64].cpu(), ref["idx"][:64].cpu(), strict=True)
+        )
+        t = result.add(case.name, "torch", samples, **extra)
+        b["topk_overlap_min"] = overlap
+        t["topk_overlap_min"] = overlap
+        b["speedup_vs_torch"] = t["median_us"] / b["median_us"]
+        hbm, mma = extra["hbm_floor_us"], extra["fp8_floor_us"]
+        result.notes.append(
+            f"{case.name}: b12x {b['median_us']:.1f} us, torch {t['median_us']:.1f} us "
+            f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
+        )
+
+    timer.then(finish)
 
 
 def peer_env(args: argparse.Namespace, dev: int) -> peers.PeerEnv:
@@ -306,9 +343,6 @@ def run(args: argparse.Namespace) -> BenchResult:
     for name, found in (("stock vLLM peer", env.deep_gemm), ("vLLM's compiled ops", env.vllm_ops)):
         if not found.ok:
             result.notes.append(f"{name}: {found.detail}")
-
-    def measure(fn: Callable[[], object]) -> list[float]:
-        return time_graph_us(fn, args.iters, flush=flush)
 
     for name in args.cases:
         case = CASES[name]
@@ -358,63 +392,50 @@ def run(args: argparse.Namespace) -> BenchResult:
             "slices": plan.topk_slices,
             "mma_flavor": plan.mma_flavor,
         }
-        b = result.add(
-            name, "b12x", time_graph_us(partial(di.run, binding), args.iters, flush=flush), **extra
-        )
         inputs = (q, w, kcache, table, lengths, aw)
-        peers.check_selection(result, b, name, "b12x", idx, inputs, case.topk, peers.EXACT_TIE_REL)
-        topk_only_arms(result, case, caps, binding, bind, args, flush, extra)
-        score_only_arms(result, case, caps_of, bind, args, flush, extra)
-        fast = bind(di.plan(caps_of("fast")))
-        f = result.add(
-            name,
-            "b12x_fast",
-            time_graph_us(partial(di.run, fast), args.iters, flush=flush),
-            **{**extra, "mma_flavor": fast.plan.mma_flavor, "precision": "fast"},
-        )
+        # every arm of the case is declared here and timed interleaved (timer.run)
+        timer = ArmTimer(args.iters, flush)
+        rows: dict[str, dict[str, Any]] = {}
+        selections: dict[str, torch.Tensor] = {}
+
+        def whole_call(arm: str, samples: Samples, tie_rel: float, fields: dict[str, Any],
+                       rows: dict[str, dict[str, Any]] = rows,
+                       selections: dict[str, torch.Tensor] = selections, name: str = name,
+                       idx: torch.Tensor = idx, inputs: tuple[torch.Tensor, ...] = inputs,
+                       topk: int = case.topk) -> None:  # fmt: skip
+            """A whole-call b12x row, its selection checked: the arms share
+            ``idx``, so its graph runs once more first."""
+            samples.rerun()
+            rows[arm] = result.add(name, arm, samples, **fields)
+            selections[arm] = idx.clone()
+            peers.check_selection(result, rows[arm], name, arm, idx, inputs, topk, tie_rel)
+
+        exact = timer(partial(di.run, binding))
+        timer.then(partial(whole_call, "b12x", exact, peers.EXACT_TIE_REL, extra))
+        topk_only_arms(result, case, caps, binding, bind, args, timer, extra)
+        score_only_arms(result, case, caps_of, bind, timer, extra)
+        fast_plan = di.plan(caps_of("fast"))
+        fast = timer(partial(di.run, bind(fast_plan)))
         # fast logits carry FP8 accumulation error, as DeepGEMM's do
-        peers.check_selection(
-            result, f, name, "b12x_fast", idx, inputs, case.topk, peers.LOGITS_REL_TOL
-        )
-        del fast
+        fast_fields = {**extra, "mma_flavor": fast_plan.mma_flavor, "precision": "fast"}
+        timer.then(partial(whole_call, "b12x_fast", fast, peers.LOGITS_REL_TOL, fast_fields))
         for flavor in args.flavor_arms:
             forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))
-            samples = time_graph_us(partial(di.run, forced), args.iters, flush=flush)
-            result.add(name, f"b12x_{flavor}", samples, **{**extra, "mma_flavor": flavor})
-            del forced
+            samples = timer(partial(di.run, forced))
+            fields = {**extra, "mma_flavor": flavor}
+            timer.then(partial(result.add, name, f"b12x_{flavor}", samples, **fields))
         if not args.no_torch:
-            ref: dict[str, torch.Tensor] = {}
-
-            def torch_call(q: torch.Tensor = q, w: torch.Tensor = w,
-                           kcache: torch.Tensor = kcache, table: torch.Tensor = table,
-                           lengths: torch.Tensor = lengths, ref: dict[str, torch.Tensor] = ref,
-                           topk: int = case.topk) -> None:  # fmt: skip
-                ref["idx"] = torch_indexer(q, w, kcache, table, lengths, topk)
-
-            t = result.add(
-                name, "torch", time_graph_us(torch_call, args.torch_iters, flush=flush), **extra
-            )
-            # agreement of the two arms (bf16 GEMM in the torch arm: near-ties may differ)
-            overlap = min(
-                len(set(a.tolist()) & set(c.tolist())) / case.topk
-                for a, c in zip(idx[:64].cpu(), ref["idx"][:64].cpu(), strict=True)
-            )
-            b["topk_overlap_min"] = overlap
-            t["topk_overlap_min"] = overlap
-            b["speedup_vs_torch"] = t["median_us"] / b["median_us"]
-            result.notes.append(
-                f"{name}: b12x {b['median_us']:.1f} us, torch {t['median_us']:.1f} us "
-                f"({b['speedup_vs_torch']:.1f}x), HBM floor {hbm:.1f} us, FP8 floor {mma:.1f} us"
-            )
-            del ref
-        indexer_stock.peer_arms(result, case, inputs, env, measure, floors)
+            torch_arm(result, case, inputs, timer, (rows, selections), extra, args.torch_iters)
+        indexer_stock.peer_arms(result, case, inputs, env, timer, floors)
+        timer.run()
         stock = [r for r in result.results if r["case"] == name and r["arm"] == "stock_vllm"]
         if stock:
             result.notes.append(
                 f"{name}: stock vLLM {stock[0]['median_us']:.1f} us "
                 f"(top-k {stock[0]['topk_kernel']}, {stock[0]['topk_source']}); "
-                f"b12x {b['vs_stock']:.2f}x of it"
+                f"b12x {rows['b12x']['vs_stock']:.2f}x of it"
             )
+        del timer, rows, selections
         del q, w, kcache, table, binding, inputs
         torch.cuda.empty_cache()
     return result

@@ -23,16 +23,24 @@ import importlib.resources
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
 
     from b12x.bench.common import BenchResult
 
-# A timer: runs the step it is given (at least once, outside any timing) and
-# returns microseconds per call, every sample.
-Measure = Callable[[Callable[[], object]], list[float]]
+
+class Measure(Protocol):
+    """A case's timer (:class:`b12x.bench.interleave.ArmTimer`): declaring an
+    arm runs its step at least once, outside any timing, and returns the list
+    its samples (microseconds per call) fill once the case's arms are timed;
+    ``then`` declares what runs after that timing, in order."""
+
+    def __call__(self, fn: Callable[[], object], /) -> list[float]: ...
+
+    def then(self, finish: Callable[[], object], /) -> None: ...
+
 
 STORED_TOPK_FILE = "vllm_topk_h200.json"
 DEEP_GEMM_MODULES = ("deep_gemm", "vllm.third_party.deep_gemm")

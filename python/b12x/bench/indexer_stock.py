@@ -239,22 +239,28 @@ def peer_arms(
     measure: Measure,
     extra: dict[str, Any],
 ) -> None:
-    """Adds ``case``'s DeepGEMM and ``stock_vllm`` rows to ``result`` (where
-    DeepGEMM imports), then every b12x row's ratio to them."""
+    """Declares ``case``'s DeepGEMM and ``stock_vllm`` arms on ``measure``
+    (where DeepGEMM imports); once they are timed, their rows go to
+    ``result``, then every b12x row of the case gets its ratio to them."""
     if env.deep_gemm.ok:
         arms = CaseArms(result, case, inputs, env, measure, extra)
         pipeline = _prefill_arms(arms) if case.prefill else _decode_arms(arms)
         _stock_arm(arms, pipeline)
-    attach_ratios(result.results, case.name)
+    measure.then(partial(attach_ratios, result.results, case.name))
 
 
 def _decode_arms(a: CaseArms) -> Pipeline:
     call = DecodeCall(a.env.deep_gemm.module, a.case, a.inputs, a.env.sms)
     samples = a.measure(call.logits)
-    row = a.add("deepgemm_logits", samples, max_model_len=a.case.context)
     logits = call.logits()
-    _check_logits(a, row, logits)
-    a.add("deepgemm_metadata", a.measure(call.metadata))
+    metadata = a.measure(call.metadata)
+
+    def finish() -> None:
+        row = a.add("deepgemm_logits", samples, max_model_len=a.case.context)
+        _check_logits(a, row, logits)
+        a.add("deepgemm_metadata", metadata)
+
+    a.measure.then(finish)
     excludes = "deepgemm_metadata (vLLM builds it once per step, for every layer)"
     return Pipeline(call.logits, logits, samples, call.context_lens, {"excludes": excludes})
 
@@ -263,11 +269,17 @@ def _prefill_arms(a: CaseArms) -> Pipeline:
     ops = a.env.vllm_ops.module if a.env.vllm_ops.ok else None
     gather = ops["cp_gather_indexer_k_quant_cache"] if ops is not None else None
     call = PrefillCall(a.env.deep_gemm.module, a.case, a.inputs, gather)
-    a.add("kgather", a.measure(call.gather), kgather_impl=call.gather_impl)
+    gathered = a.measure(call.gather)
     call.gather()
-    row = a.add("deepgemm_logits", a.measure(call.logits), max_seqlen_k=call.max_seqlen_k)
+    samples = a.measure(call.logits)
     logits = call.logits()
-    _check_logits(a, row, logits)
+
+    def finish() -> None:
+        a.add("kgather", gathered, kgather_impl=call.gather_impl)
+        row = a.add("deepgemm_logits", samples, max_seqlen_k=call.max_seqlen_k)
+        _check_logits(a, row, logits)
+
+    a.measure.then(finish)
 
     def gather_then_logits() -> torch.Tensor:
         call.gather()
@@ -318,20 +330,26 @@ def _stock_arm(a: CaseArms, pipeline: Pipeline) -> None:
         )
         return
     base = pipeline.samples if pipeline.samples is not None else a.measure(pipeline.step)
-    measured = statistics.median(base)
-    fields.update(topk_source=a.env.stored.label, topk_us=figure, topk_timing=STORED_TOPK_TIMING)
-    fields["measured_part_us"] = measured
-    best = a.env.stored.best(a.case.name)
-    if best is not None:
+
+    def finish() -> None:
+        measured = statistics.median(base)
         fields.update(
-            topk_best_kernel=best[0], topk_best_us=best[1], stock_best_us=measured + best[1]
+            topk_source=a.env.stored.label, topk_us=figure, topk_timing=STORED_TOPK_TIMING
         )
-    a.add("stock_vllm", [x + figure for x in base], **fields)
+        fields["measured_part_us"] = measured
+        best = a.env.stored.best(a.case.name)
+        if best is not None:
+            fields.update(
+                topk_best_kernel=best[0], topk_best_us=best[1], stock_best_us=measured + best[1]
+            )
+        a.add("stock_vllm", [x + figure for x in base], **fields)
+
+    a.measure.then(finish)
 
 
 def _live_stock(a: CaseArms, pipeline: Pipeline, kernel: str, fields: dict[str, Any]) -> None:
     """vLLM's top-k timed alone (the kernel it picks, and persistent_topk for
-    decode), then the whole stock call in one graph, its selection checked."""
+    decode), and the whole stock call in one graph, its selection checked."""
     import torch
 
     dev = pipeline.logits.device
@@ -348,24 +366,29 @@ def _live_stock(a: CaseArms, pipeline: Pipeline, kernel: str, fields: dict[str, 
     arms = {kernel: "topk_only:vllm"}
     if not a.case.prefill and kernel != "persistent_topk":
         arms["persistent_topk"] = "topk_only:vllm_persistent"
-    alone: dict[str, float] = {}
-    for name, arm in arms.items():
-        alone[name] = float(a.add(arm, a.measure(partial(step_of(name), logits)),
-                                  topk_kernel=name)["median_us"])  # fmt: skip
+    alone_samples = {name: a.measure(partial(step_of(name), logits)) for name in arms}
     topk = step_of(kernel)
     samples = a.measure(lambda: topk(pipeline.step()))
-    best = min(alone, key=lambda k: alone[k])
-    fields.update(
-        topk_source=f"live: torch.ops._C.{kernel}",
-        topk_us=alone[kernel],
-        topk_best_kernel=best,
-        topk_best_us=alone[best],
-        stock_best_us=statistics.median(samples) - alone[kernel] + alone[best],
-    )
-    topk(logits)
-    # vLLM's selection against the float32 reference: near-ties may swap, as a
-    # logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
-    check_selection(
-        a.result, fields, a.case.name, "stock_vllm", out, a.inputs, a.case.topk, LOGITS_REL_TOL
-    )
-    a.add("stock_vllm", samples, **fields)
+
+    def finish() -> None:
+        alone = {
+            name: float(a.add(arm, alone_samples[name], topk_kernel=name)["median_us"])
+            for name, arm in arms.items()
+        }
+        best = min(alone, key=lambda k: alone[k])
+        fields.update(
+            topk_source=f"live: torch.ops._C.{kernel}",
+            topk_us=alone[kernel],
+            topk_best_kernel=best,
+            topk_best_us=alone[best],
+            stock_best_us=statistics.median(samples) - alone[kernel] + alone[best],
+        )
+        topk(logits)
+        # vLLM's selection against the float32 reference: near-ties may swap, as a
+        # logit is off by at most LOGITS_REL_TOL of its row's largest (the logits check)
+        check_selection(
+            a.result, fields, a.case.name, "stock_vllm", out, a.inputs, a.case.topk, LOGITS_REL_TOL
+        )
+        a.add("stock_vllm", samples, **fields)
+
+    a.measure.then(finish)
