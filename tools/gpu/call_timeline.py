@@ -1,33 +1,35 @@
-"""Where a whole indexer call's time goes: its kernels' spans, under nsys.
+"""Where a whole indexer call's time goes: its kernels' spans on the GPU.
 
-    nsys profile -t cuda -o OUT/timeline python3 tools/gpu/call_timeline.py run [--precision P] CASE
-    nsys stats -q -r cuda_gpu_trace -f csv -o OUT/trace OUT/timeline.nsys-rep
-    python3 tools/gpu/call_timeline.py summary OUT/trace_cuda_gpu_trace.csv
+    python3 tools/gpu/call_timeline.py [--precision P] [--calls N] CASE [--trace OUT.json]
 
-`run` makes the bench's inputs for CASE and runs the eager call N times (default
+Makes the bench's inputs for CASE and runs the eager call N times (default
 30), the bench's L2 flush and a synchronize before each, so every call starts
-on an idle GPU and reads its K cache from HBM. `summary` takes the kernels of
-each call (those named b12x_indexer*, in launch order) and prints the median
-of each kernel's duration, of the gap between one kernel's end and the next
-one's start (negative: the next started first, under programmatic dependent
+on an idle GPU and reads its K cache from HBM, under torch.profiler (CUPTI's
+kernel records; the GPU hosts have no nsys). Then it takes each call's kernels
+(those named b12x_indexer*, in start order) and prints the median of each
+kernel's duration, of the gap between one kernel's end and the next one's
+start (negative: the next started first, under programmatic dependent
 launch), and of the call's span from its first kernel's start to its last
 kernel's end; the first call (module load, first launch) is left out.
+``--trace`` keeps the kernel records as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 import statistics
-import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 
-def run(case_name: str, precision: str, calls: int) -> None:
+def run(case_name: str, precision: str, calls: int) -> list[dict[str, Any]]:
     import torch
     from b12x import _core
     from b12x.attention import dsa_indexer as di
     from b12x.bench.indexer import CASES, make_inputs
+    from torch.profiler import ProfilerActivity, profile
 
     case = CASES[case_name]
     q, w, kcache, table, lengths, aw = make_inputs(case)
@@ -55,39 +57,50 @@ def run(case_name: str, precision: str, calls: int) -> None:
     )
     l2 = int(_core.device_info(torch.cuda.current_device())["l2_bytes"])
     flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
-    for _ in range(calls):
-        flush.add_(1)
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.add_(1)
+            torch.cuda.synchronize()
+            di.run(binding)
         torch.cuda.synchronize()
-        di.run(binding)
-    torch.cuda.synchronize()
     print(f"{case_name} ({precision}): {calls} calls, mma flavor {plan.mma_flavor}")
+    # the chrome trace's kernel records: start and duration in us, GPU clock
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    kernels = [
+        {"name": e["name"], "start_us": float(e["ts"]), "dur_us": float(e["dur"])}
+        for e in events
+        if e.get("cat") == "kernel" and e.get("name", "").startswith("b12x_indexer")
+    ]
+    return sorted(kernels, key=lambda k: k["start_us"])
 
 
-def summary(trace: Path) -> None:
-    rows = list(csv.DictReader(trace.open()))
-    kernels = [r for r in rows if r["Name"].startswith("b12x_indexer")]
+def summary(kernels: list[dict[str, Any]]) -> None:
     # a call starts at each launch of the call's first kernel
-    first = kernels[0]["Name"]
-    calls: list[list[dict[str, str]]] = []
+    first = kernels[0]["name"]
+    calls: list[list[dict[str, Any]]] = []
     for r in kernels:
-        if r["Name"] == first:
+        if r["name"] == first:
             calls.append([])
         calls[-1].append(r)
     calls = calls[1:]
-    names = [r["Name"] for r in calls[0]]
+    names = [r["name"] for r in calls[0]]
     dur: dict[int, list[float]] = {i: [] for i in range(len(names))}
     gap: dict[int, list[float]] = {i: [] for i in range(1, len(names))}
     span: list[float] = []
     for call in calls:
-        if [r["Name"] for r in call] != names:
+        if [r["name"] for r in call] != names:
             continue
-        start = [int(r["Start (ns)"]) for r in call]
-        end = [s + int(r["Duration (ns)"]) for s, r in zip(start, call, strict=True)]
+        start = [float(r["start_us"]) for r in call]
+        end = [s + float(r["dur_us"]) for s, r in zip(start, call, strict=True)]
         for i in range(len(call)):
-            dur[i].append((end[i] - start[i]) / 1e3)
+            dur[i].append(end[i] - start[i])
             if i:
-                gap[i].append((start[i] - end[i - 1]) / 1e3)
-        span.append((max(end) - start[0]) / 1e3)
+                gap[i].append(start[i] - end[i - 1])
+        span.append(max(end) - start[0])
     print(f"{len(span)} calls; medians in us")
     for i, name in enumerate(names):
         line = f"  {name[:60]:60} duration {statistics.median(dur[i]):8.2f}"
@@ -99,16 +112,12 @@ def summary(trace: Path) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run")
-    r.add_argument("case")
-    r.add_argument("--precision", choices=("exact", "fast"), default="fast")
-    r.add_argument("--calls", type=int, default=30)
-    s = sub.add_parser("summary")
-    s.add_argument("trace", type=Path)
+    ap.add_argument("case")
+    ap.add_argument("--precision", choices=("exact", "fast"), default="fast")
+    ap.add_argument("--calls", type=int, default=30)
+    ap.add_argument("--trace", type=Path)
     args = ap.parse_args()
-    if args.cmd == "run":
-        run(args.case, args.precision, args.calls)
-    else:
-        summary(args.trace)
-    sys.exit(0)
+    kernels = run(args.case, args.precision, args.calls)
+    if args.trace:
+        args.trace.write_text(json.dumps(kernels))
+    summary(kernels)
