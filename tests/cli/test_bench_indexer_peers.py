@@ -19,7 +19,7 @@ import torch
 from b12x.bench import indexer_peers as peers
 from b12x.bench import indexer_stock as stock
 from b12x.bench.common import BenchResult, write_report
-from b12x.bench.indexer import CASES, DEFAULT_CASES, Case, make_inputs
+from b12x.bench.indexer import CASES, DEFAULT_CASES, Case, ScratchGuards, make_inputs
 from stock_vllm_fakes import FakeDeepGemm, FakeVllmOps
 
 DECODE = Case("decode_small", rows=4, context=1024, prefill=False, heads=8)
@@ -53,9 +53,10 @@ class Timer:
     until ``run``, which fills every arm's with fixed samples and then runs the
     finishes in order, as ``ArmTimer.run`` does after timing."""
 
-    def __init__(self) -> None:
+    def __init__(self, during=None) -> None:
         self.arms: list[list[float]] = []
         self.finishes = []
+        self.during = during  # what else happens on the device while the arms run
 
     def __call__(self, fn) -> list[float]:
         fn()
@@ -68,6 +69,8 @@ class Timer:
     def run(self) -> None:
         for samples in self.arms:
             samples.extend(SAMPLES)
+        if self.during is not None:
+            self.during()
         for finish in self.finishes:
             finish()
 
@@ -86,10 +89,10 @@ def env(dg=None, ops=None, table=STORED, device="NVIDIA H200", capability=H200):
     )
 
 
-def run_peers(case, peer_env, rows=()):
+def run_peers(case, peer_env, rows=(), during=None):
     result = BenchResult("indexer", {})
     result.results.extend(dict(r) for r in rows)
-    timer = Timer()
+    timer = Timer(during)
     stock.peer_arms(result, case, make_inputs(case, "cpu"), peer_env, timer, {"floor": 1.0})
     assert len(result.results) == len(rows), "a peer row was added before its arm was timed"
     timer.run()
@@ -110,6 +113,7 @@ def test_decode_arms_call_deepgemm_like_vllm_and_stock_adds_the_stored_top_k():
     assert set(rows) == {"b12x", "deepgemm_logits", "deepgemm_metadata", "stock_vllm"}
     logits = rows["deepgemm_logits"]
     assert logits["check_ok"] and logits["logits_max_rel_err"] < 1e-5
+    assert logits["held_logits_max_rel_err"] < 1e-5
     assert logits["check_rows"] == DECODE.rows and logits["max_model_len"] == DECODE.context
     assert logits["samples_us"] == SAMPLES and logits["floor"] == 1.0
     s = rows["stock_vllm"]
@@ -147,6 +151,23 @@ def test_a_wrong_peer_call_fails_the_logits_check_and_the_run(case):
     assert rows["deepgemm_logits"]["logits_max_rel_err"] > peers.LOGITS_REL_TOL
     assert not result.ok
     assert any("CHECK FAILED: deepgemm_logits" in n for n in result.notes)
+
+
+@pytest.mark.parametrize("case", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_logits_written_into_during_the_timing_fail_the_run_and_say_so(case):
+    dg = FakeDeepGemm()
+
+    def overwrite_every_logits_so_far():
+        for out in dg.outputs:
+            out.mul_(-3.0)
+
+    result, rows = run_peers(case, env(dg), during=overwrite_every_logits_so_far)
+    row = rows["deepgemm_logits"]
+    assert row["check_ok"] is False and not result.ok
+    assert row["logits_max_rel_err"] < 1e-5  # the call after the timing is right
+    assert row["held_logits_max_rel_err"] > peers.LOGITS_REL_TOL
+    (note,) = [n for n in result.notes if "CHECK FAILED" in n]
+    assert "something wrote into them while the case's arms ran" in note
 
 
 @pytest.mark.parametrize("case", [DECODE, PREFILL], ids=["decode", "prefill"])
@@ -429,3 +450,21 @@ def test_the_table_shows_its_columns_and_the_json_keeps_every_key(tmp_path, caps
     assert "3.04e-04" in lines[5] and "0.500" in lines[3]
     rows = json.loads(path.read_text())["results"]
     assert rows[0]["hbm_floor_us"] == 64.6 and rows[1]["topk_source"] == "stored: x"
+
+
+# --- the guards past each plan's scratch ------------------------------------------------------
+
+
+def test_a_write_past_a_plans_scratch_fails_the_run_and_names_the_plan():
+    guards = ScratchGuards(device="cpu")
+    clean, overrun = SimpleNamespace(nbytes=4096), SimpleNamespace(nbytes=1000)
+    a, b = guards.scratch(clean), guards.scratch(overrun)
+    assert a.numel() == 4096 + ScratchGuards.GUARD_BYTES
+    a[:4096].fill_(0)  # the plan's own bytes are its to write
+    b[:1003].fill_(0)  # three bytes past nbytes
+    result = BenchResult("indexer", {})
+    guards.check(result, "case_x")
+    assert not result.ok
+    (note,) = result.notes
+    assert note.startswith("case_x: CHECK FAILED: namespace(nbytes=1000) wrote 3 bytes")
+    assert "past its scratch's 1000" in note

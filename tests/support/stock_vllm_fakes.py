@@ -45,6 +45,7 @@ class FakeDeepGemm:
         self.ignore_scales = ignore_scales  # a wrong call the logits check must catch
         self.pdl: bool | None = None
         self.calls: list[str] = []
+        self.outputs: list[torch.Tensor] = []  # every logits tensor returned, in order
 
     def set_pdl(self, on: bool) -> None:
         self.pdl = on
@@ -81,6 +82,7 @@ class FakeDeepGemm:
             kk = k[pids].reshape(-1, DIM)[:length]
             ss = s[pids].reshape(-1)[:length]
             out[b, :length] = _row_logits(q_fp[b, 0], weights[b], kk, ss)
+        self.outputs.append(out)
         return out
 
     def fp8_fp4_mqa_logits(self, q, kv, weights, ks, ke, max_seqlen_k):
@@ -99,6 +101,7 @@ class FakeDeepGemm:
         for i in range(rows):
             a, e = int(ks[i]), int(ke[i])
             out[i, : e - a] = _row_logits(q_fp[i], weights[i], k[a:e].float(), scales[a:e])
+        self.outputs.append(out)
         return out
 
 

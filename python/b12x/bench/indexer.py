@@ -94,6 +94,41 @@ TABLE_COLUMNS = [
 ]
 
 
+class ScratchGuards:
+    """Scratch for the bench's plans, each followed by a guard: ``GUARD_BYTES``
+    set to ``PATTERN`` past the plan's ``nbytes``. With every arm of a case
+    alive at once, a kernel writing past its scratch would land in another
+    arm's buffers, where compute-sanitizer does not look (inside the caching
+    allocator's segments); :meth:`check` after the timing names each plan
+    whose guard changed and fails the run."""
+
+    GUARD_BYTES = 1 << 20
+    PATTERN = 0xA5
+
+    def __init__(self, device: str = "cuda") -> None:
+        self.device = device
+        self.held: list[tuple[Any, torch.Tensor]] = []
+
+    def scratch(self, plan: Any) -> torch.Tensor:
+        import torch
+
+        buf = torch.empty((plan.nbytes + self.GUARD_BYTES,), dtype=torch.uint8, device=self.device)
+        buf[plan.nbytes :].fill_(self.PATTERN)
+        self.held.append((plan, buf))
+        return buf
+
+    def check(self, result: BenchResult, case: str) -> None:
+        for plan, buf in self.held:
+            changed = int((buf[plan.nbytes :] != self.PATTERN).sum())
+            if changed:
+                peers.fail_check(
+                    result,
+                    case,
+                    f"{plan!r} wrote {changed} bytes of the {self.GUARD_BYTES} past its "
+                    f"scratch's {plan.nbytes}",
+                )
+
+
 def require_indexer_device(args: argparse.Namespace) -> None:
     """The bench's preflight: a CUDA device the indexer kernels run on."""
     import torch
@@ -364,12 +399,15 @@ def run(args: argparse.Namespace) -> BenchResult:
         idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
         sc = torch.empty((case.rows, case.topk), device="cuda")
 
+        guards = ScratchGuards()
+
         def bind(plan: Any, scratch: torch.Tensor | None = None, idx: torch.Tensor = idx,
                  sc: torch.Tensor = sc, q: torch.Tensor = q, w: torch.Tensor = w,
                  kcache: torch.Tensor = kcache, table: torch.Tensor = table,
-                 lengths: torch.Tensor = lengths, aw: torch.Tensor = aw) -> Any:  # fmt: skip
+                 lengths: torch.Tensor = lengths, aw: torch.Tensor = aw,
+                 guards: ScratchGuards = guards) -> Any:  # fmt: skip
             if scratch is None:
-                scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
+                scratch = guards.scratch(plan)
             return di.bind(
                 plan,
                 scratch=scratch,
@@ -428,6 +466,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             torch_arm(result, case, inputs, timer, (rows, selections), extra, args.torch_iters)
         indexer_stock.peer_arms(result, case, inputs, env, timer, floors)
         timer.run()
+        guards.check(result, name)
         stock = [r for r in result.results if r["case"] == name and r["arm"] == "stock_vllm"]
         if stock:
             result.notes.append(
@@ -435,7 +474,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                 f"(top-k {stock[0]['topk_kernel']}, {stock[0]['topk_source']}); "
                 f"b12x {rows['b12x']['vs_stock']:.2f}x of it"
             )
-        del timer, rows, selections
+        del timer, rows, selections, guards
         del q, w, kcache, table, binding, inputs
         torch.cuda.empty_cache()
     return result
