@@ -253,11 +253,12 @@ def _decode_arms(a: CaseArms) -> Pipeline:
     call = DecodeCall(a.env.deep_gemm.module, a.case, a.inputs, a.env.sms)
     samples = a.measure(call.logits)
     logits = call.logits()
+    made_err = _logits_err(a, logits)
     metadata = a.measure(call.metadata)
 
     def finish() -> None:
         row = a.add("deepgemm_logits", samples, max_model_len=a.case.context)
-        _check_logits(a, row, logits, call.logits)
+        _check_logits(a, row, logits, made_err, call.logits)
         a.add("deepgemm_metadata", metadata)
 
     a.measure.then(finish)
@@ -273,11 +274,12 @@ def _prefill_arms(a: CaseArms) -> Pipeline:
     call.gather()
     samples = a.measure(call.logits)
     logits = call.logits()
+    made_err = _logits_err(a, logits)
 
     def finish() -> None:
         a.add("kgather", gathered, kgather_impl=call.gather_impl)
         row = a.add("deepgemm_logits", samples, max_seqlen_k=call.max_seqlen_k)
-        _check_logits(a, row, logits, call.logits)
+        _check_logits(a, row, logits, made_err, call.logits)
 
     a.measure.then(finish)
 
@@ -289,39 +291,51 @@ def _prefill_arms(a: CaseArms) -> Pipeline:
     return Pipeline(gather_then_logits, logits, None, call.row_ends, fields)
 
 
-def _check_logits(
-    a: CaseArms, row: dict[str, Any], held: torch.Tensor, again: Callable[[], torch.Tensor]
-) -> None:
-    """DeepGEMM's logits against the float32 reference on spread rows, twice:
-    ``held``, computed when the arm was declared and kept through the timing,
-    and ``again()``, one more call after it. The second says whether the call
-    is right; the first, checked once more, whether something wrote into the
-    held logits while every arm of the case ran."""
+def _logits_err(a: CaseArms, logits: torch.Tensor) -> float:
+    """DeepGEMM's logits against the float32 reference, on spread rows."""
     import torch
 
     rows = check_rows(a.case.rows)
     ref, lengths = reference_logits(a.inputs, rows)
-    sel = torch.tensor(rows, device=held.device)
-    err = logits_rel_err(again().index_select(0, sel), ref, lengths)
-    held_err = logits_rel_err(held.index_select(0, sel), ref, lengths)
-    ok = max(err, held_err) <= LOGITS_REL_TOL
+    got = logits.index_select(0, torch.tensor(rows, device=logits.device))
+    return logits_rel_err(got, ref, lengths)
+
+
+def _check_logits(
+    a: CaseArms,
+    row: dict[str, Any],
+    held: torch.Tensor,
+    made_err: float,
+    again: Callable[[], torch.Tensor],
+) -> None:
+    """DeepGEMM's logits checked three ways: ``held``, computed when the arm
+    was declared (``made_err``, its error then) and kept through the timing;
+    the same tensor after the timing; and ``again()``, one more call after
+    it. A wrong call fails the first and the last; a write into the held
+    logits while the case's arms ran fails only the second."""
+    err = _logits_err(a, again())
+    held_err = _logits_err(a, held)
+    ok = max(made_err, err, held_err) <= LOGITS_REL_TOL
     row.update(
         logits_max_rel_err=err,
+        logits_made_rel_err=made_err,
         held_logits_max_rel_err=held_err,
         logits_rel_tol=LOGITS_REL_TOL,
-        check_rows=len(rows),
+        check_rows=len(check_rows(a.case.rows)),
         check_ok=ok,
     )
-    if err > LOGITS_REL_TOL:
+    if max(made_err, err) > LOGITS_REL_TOL:
         a.fail(
-            f"deepgemm_logits relative error expected <= {LOGITS_REL_TOL:g}, got {err:.3g} "
+            f"deepgemm_logits relative error expected <= {LOGITS_REL_TOL:g}, got "
+            f"{made_err:.3g} before the timing and {err:.3g} after it "
             "(the peer call is wrong: its times mean nothing)"
         )
     elif held_err > LOGITS_REL_TOL:
         a.fail(
-            f"deepgemm_logits computed before the timing: relative error expected <= "
-            f"{LOGITS_REL_TOL:g} after it, got {held_err:.3g}, while a call after the timing "
-            f"gives {err:.3g}: something wrote into them while the case's arms ran"
+            f"deepgemm_logits computed before the timing (relative error {made_err:.3g} "
+            f"then): expected <= {LOGITS_REL_TOL:g} after it, got {held_err:.3g}, while a "
+            f"call after the timing gives {err:.3g}: something wrote into them while the "
+            "case's arms ran"
         )
 
 
