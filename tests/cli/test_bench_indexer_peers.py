@@ -19,7 +19,15 @@ import torch
 from b12x.bench import indexer_peers as peers
 from b12x.bench import indexer_stock as stock
 from b12x.bench.common import BenchResult, write_report
-from b12x.bench.indexer import CASES, DEFAULT_CASES, Case, ScratchGuards, make_inputs
+from b12x.bench.indexer import (
+    CASES,
+    DEFAULT_CASES,
+    Case,
+    ScratchGuards,
+    bind_case,
+    case_caps,
+    make_inputs,
+)
 from stock_vllm_fakes import FakeDeepGemm, FakeVllmOps
 
 DECODE = Case("decode_small", rows=4, context=1024, prefill=False, heads=8)
@@ -469,3 +477,22 @@ def test_a_write_past_a_plans_scratch_fails_the_run_and_names_the_plan():
     (note,) = result.notes
     assert note.startswith("case_x: CHECK FAILED: namespace(nbytes=1000) wrote 3 bytes")
     assert "past its scratch's 1000" in note
+
+
+# --- the case helpers the bench and the GPU tools share -----------------------------------------
+
+
+@pytest.mark.parametrize("case", [DECODE, PREFILL], ids=["decode", "prefill"])
+def test_a_case_plans_binds_and_runs_on_the_cpu_reference(case):
+    from b12x.attention import dsa_indexer as di
+
+    caps = case_caps(case, device="cpu")
+    assert (caps.num_q_heads, caps.max_q_rows, caps.topk) == (case.heads, case.rows, case.topk)
+    assert caps.mode == ("prefill" if case.prefill else "decode")
+    plan = di.plan(caps)
+    inputs = make_inputs(case, "cpu")
+    idx = torch.full((case.rows, case.topk), -7, dtype=torch.int32)
+    binding = bind_case(plan, inputs, torch.empty(plan.nbytes, dtype=torch.uint8), idx)
+    di.run(binding)
+    n, err = peers.selection_error(idx, inputs, case.topk, peers.EXACT_TIE_REL)
+    assert err is None and n > 0

@@ -28,33 +28,11 @@ def run(case_name: str, precision: str, calls: int) -> list[dict[str, Any]]:
     import torch
     from b12x import _core
     from b12x.attention import dsa_indexer as di
-    from b12x.bench.indexer import CASES, make_inputs
+    from indexer_profile import case_binding
     from torch.profiler import ProfilerActivity, profile
 
-    case = CASES[case_name]
-    q, w, kcache, table, lengths, aw = make_inputs(case)
-    plan = di.plan(
-        di.Caps(
-            device="cuda",
-            num_q_heads=case.heads,
-            max_q_rows=case.rows,
-            max_page_table_width=case.width,
-            topk=case.topk,
-            mode="prefill" if case.prefill else "decode",
-            precision=precision,
-        )
-    )
-    binding = di.bind(
-        plan,
-        scratch=torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda"),
-        q_fp8=q,
-        query_weights=w,
-        index_k_cache=kcache,
-        page_table=table,
-        cache_lengths=lengths,
-        active_width=aw,
-        output_indices=torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda"),
-    )
+    binding = case_binding(case_name, precision)
+    plan = binding.plan
     l2 = int(_core.device_info(torch.cuda.current_device())["l2_bytes"])
     flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
 

@@ -19,22 +19,10 @@ import argparse
 import torch
 from b12x import _core
 from b12x.attention import dsa_indexer as di
-from b12x.bench.indexer import CASES, DEFAULT_CASES, make_inputs
+from b12x.bench.indexer import CASES, DEFAULT_CASES, bind_case, case_caps, make_inputs
 
 GUARD = 64 << 20
 PATTERN = 0xA5
-
-
-def caps_of(case, precision: str):
-    return di.Caps(
-        device="cuda",
-        num_q_heads=case.heads,
-        max_q_rows=case.rows,
-        max_page_table_width=case.width,
-        topk=case.topk,
-        mode="prefill" if case.prefill else "decode",
-        precision=precision,
-    )
 
 
 def changed(t: torch.Tensor) -> int:
@@ -43,12 +31,12 @@ def changed(t: torch.Tensor) -> int:
 
 def probe(name: str) -> bool:
     case = CASES[name]
-    q, w, kcache, table, lengths, aw = make_inputs(case)
+    inputs = make_inputs(case)
     plans = {
-        "exact": di.plan(caps_of(case, "exact")),
-        "fast": di.plan(caps_of(case, "fast")),
-        "score_only:exact": _core.indexer_build_plan(caps_of(case, "exact"), score_only=True),
-        "score_only:fast": _core.indexer_build_plan(caps_of(case, "fast"), score_only=True),
+        "exact": di.plan(case_caps(case, "exact")),
+        "fast": di.plan(case_caps(case, "fast")),
+        "score_only:exact": _core.indexer_build_plan(case_caps(case, "exact"), score_only=True),
+        "score_only:fast": _core.indexer_build_plan(case_caps(case, "fast"), score_only=True),
     }
     ok = True
     exact_scratch = None
@@ -58,18 +46,7 @@ def probe(name: str) -> bool:
         sc_all = torch.empty((case.rows + 64, case.topk), dtype=torch.float32, device="cuda")
         idx_all.view(torch.uint8).fill_(PATTERN)
         sc_all.view(torch.uint8).fill_(PATTERN)
-        binding = di.bind(
-            plan,
-            scratch=scratch,
-            q_fp8=q,
-            query_weights=w,
-            index_k_cache=kcache,
-            page_table=table,
-            cache_lengths=lengths,
-            active_width=aw,
-            output_indices=idx_all[: case.rows],
-            output_scores=sc_all[: case.rows],
-        )
+        binding = bind_case(plan, inputs, scratch, idx_all[: case.rows], sc_all[: case.rows])
         after = torch.full((GUARD,), PATTERN, dtype=torch.uint8, device="cuda")
         for _ in range(3):
             di.run(binding)
@@ -90,19 +67,8 @@ def probe(name: str) -> bool:
             exact_scratch = (scratch, binding)
     # the top-k stage alone on the exact plan's logits, as the bench's topk_only arm
     scratch, binding = exact_scratch
-    stage_plan = _core.indexer_build_plan(caps_of(case, "exact"), topk_only=True)
-    stage = di.bind(
-        stage_plan,
-        scratch=scratch,
-        q_fp8=q,
-        query_weights=w,
-        index_k_cache=kcache,
-        page_table=table,
-        cache_lengths=lengths,
-        active_width=aw,
-        output_indices=binding.output_indices,
-        output_scores=binding.output_scores,
-    )
+    stage_plan = _core.indexer_build_plan(case_caps(case, "exact"), topk_only=True)
+    stage = bind_case(stage_plan, inputs, scratch, binding.output_indices, binding.output_scores)
     before = changed(scratch[plans["exact"].nbytes :])
     di.run(stage)
     torch.cuda.synchronize()

@@ -10,34 +10,25 @@ import argparse
 
 import torch
 from b12x.attention import dsa_indexer as di
-from b12x.bench.indexer import CASES, DEFAULT_CASES, make_inputs
+from b12x.bench.indexer import CASES, DEFAULT_CASES, bind_case, case_caps, make_inputs
+
+
+def case_binding(name: str, precision: str):
+    """A plan of bench case ``name`` bound over the bench's inputs, with its own
+    scratch and indices; the plan is ``binding.plan``."""
+    case = CASES[name]
+    plan = di.plan(case_caps(case, precision))
+    return bind_case(
+        plan,
+        make_inputs(case),
+        torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda"),
+        torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda"),
+    )
 
 
 def run_once(name: str, precision: str) -> None:
-    case = CASES[name]
-    q, w, kcache, table, lengths, aw = make_inputs(case)
-    plan = di.plan(
-        di.Caps(
-            device="cuda",
-            num_q_heads=case.heads,
-            max_q_rows=case.rows,
-            max_page_table_width=case.width,
-            topk=case.topk,
-            mode="prefill" if case.prefill else "decode",
-            precision=precision,
-        )
-    )
-    binding = di.bind(
-        plan,
-        scratch=torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda"),
-        q_fp8=q,
-        query_weights=w,
-        index_k_cache=kcache,
-        page_table=table,
-        cache_lengths=lengths,
-        active_width=aw,
-        output_indices=torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda"),
-    )
+    binding = case_binding(name, precision)
+    plan = binding.plan
     di.run(binding)
     torch.cuda.synchronize()
     print(f"{name} ({precision}): supertile {plan.supertile_tokens}, slices {plan.topk_slices}")

@@ -497,35 +497,16 @@ def b12x_logits(torch, case: Case):
     try:
         from b12x.attention import dsa_indexer as di
         from b12x.bench.indexer import CASES as BENCH_CASES
-        from b12x.bench.indexer import make_inputs
+        from b12x.bench.indexer import bind_case, case_caps, make_inputs
     except ImportError:
         return None
-    q, w, kcache, table, lengths, aw = make_inputs(BENCH_CASES[case.name])
-    plan = di.plan(
-        di.Caps(
-            device="cuda:0",
-            num_q_heads=case.heads,
-            max_q_rows=case.rows,
-            max_page_table_width=case.width,
-            topk=case.topk,
-            mode="prefill" if case.prefill else "decode",
-        )
-    )
+    bench_case = BENCH_CASES[case.name]
+    plan = di.plan(case_caps(bench_case, device="cuda:0"))
     if plan.max_chunks != 1:
         return None
     scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
     idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
-    b = di.bind(
-        plan,
-        scratch=scratch,
-        q_fp8=q,
-        query_weights=w,
-        index_k_cache=kcache,
-        page_table=table,
-        cache_lengths=lengths,
-        active_width=aw,
-        output_indices=idx,
-    )
+    b = bind_case(plan, make_inputs(bench_case), scratch, idx)
     di.run(b)
     torch.cuda.synchronize()
     return di.scratch_views(b)["logits"][: case.rows].clone()

@@ -183,6 +183,46 @@ def make_inputs(case: Case, device: str = "cuda") -> tuple[torch.Tensor, ...]:
     return q, w, kcache, table, lengths, aw
 
 
+def case_caps(case: Case, precision: str = "exact", device: str = "cuda") -> Any:
+    """The indexer caps of a bench case (``di.Caps``)."""
+    from b12x.attention import dsa_indexer as di
+
+    return di.Caps(
+        device=device,
+        num_q_heads=case.heads,
+        max_q_rows=case.rows,
+        max_page_table_width=case.width,
+        topk=case.topk,
+        mode="prefill" if case.prefill else "decode",
+        precision=precision,
+    )
+
+
+def bind_case(
+    plan: Any,
+    inputs: tuple[torch.Tensor, ...],
+    scratch: torch.Tensor,
+    output_indices: torch.Tensor,
+    output_scores: torch.Tensor | None = None,
+) -> Any:
+    """``di.bind`` of ``plan`` over a case's inputs (:func:`make_inputs`)."""
+    from b12x.attention import dsa_indexer as di
+
+    q, w, kcache, table, lengths, aw = inputs
+    return di.bind(
+        plan,
+        scratch=scratch,
+        q_fp8=q,
+        query_weights=w,
+        index_k_cache=kcache,
+        page_table=table,
+        cache_lengths=lengths,
+        active_width=aw,
+        output_indices=output_indices,
+        output_scores=output_scores,
+    )
+
+
 def torch_indexer(
     q: torch.Tensor,
     w: torch.Tensor,
@@ -382,17 +422,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     for name in args.cases:
         case = CASES[name]
         q, w, kcache, table, lengths, aw = make_inputs(case)
+        inputs = (q, w, kcache, table, lengths, aw)
 
         def caps_of(precision: str = "exact", case: Case = case) -> Any:
-            return di.Caps(
-                device=f"cuda:{dev}",
-                num_q_heads=case.heads,
-                max_q_rows=case.rows,
-                max_page_table_width=case.width,
-                topk=case.topk,
-                mode="prefill" if case.prefill else "decode",
-                precision=precision,
-            )
+            return case_caps(case, precision, device=f"cuda:{dev}")
 
         caps = caps_of()
         plan = di.plan(caps)
@@ -402,24 +435,11 @@ def run(args: argparse.Namespace) -> BenchResult:
         guards = ScratchGuards()
 
         def bind(plan: Any, scratch: torch.Tensor | None = None, idx: torch.Tensor = idx,
-                 sc: torch.Tensor = sc, q: torch.Tensor = q, w: torch.Tensor = w,
-                 kcache: torch.Tensor = kcache, table: torch.Tensor = table,
-                 lengths: torch.Tensor = lengths, aw: torch.Tensor = aw,
+                 sc: torch.Tensor = sc, inputs: tuple[torch.Tensor, ...] = inputs,
                  guards: ScratchGuards = guards) -> Any:  # fmt: skip
             if scratch is None:
                 scratch = guards.scratch(plan)
-            return di.bind(
-                plan,
-                scratch=scratch,
-                q_fp8=q,
-                query_weights=w,
-                index_k_cache=kcache,
-                page_table=table,
-                cache_lengths=lengths,
-                active_width=aw,
-                output_indices=idx,
-                output_scores=sc,
-            )
+            return bind_case(plan, inputs, scratch, idx, sc)
 
         binding = bind(plan)
         hbm, mma = floors_us(case)
@@ -430,7 +450,6 @@ def run(args: argparse.Namespace) -> BenchResult:
             "slices": plan.topk_slices,
             "mma_flavor": plan.mma_flavor,
         }
-        inputs = (q, w, kcache, table, lengths, aw)
         # every arm of the case is declared here and timed interleaved (timer.run)
         timer = ArmTimer(args.iters, flush)
         rows: dict[str, dict[str, Any]] = {}
