@@ -80,6 +80,11 @@ CASES = {
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
 # MMA flavors a plan can be forced to (the test-only option of _core.indexer_build_plan).
 FLAVORS: tuple[str, ...] = INDEXER_MMA_FLAVORS
+# how the samples were taken (the JSON's config says so)
+TIMING = (
+    "CUDA-graph replay, L2 flushed before each; a case's arms interleaved, one replay of each "
+    "a round, the order rotated by one arm every round"
+)
 # what the printed table shows besides case, arm, median and min (the JSON has every key)
 TABLE_COLUMNS = [
     "vs_stock",
@@ -409,7 +414,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     from b12x import _core
     from b12x.attention import dsa_indexer as di
 
-    result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters})
+    result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters, "timing": TIMING})
     result.columns = TABLE_COLUMNS
     dev = torch.cuda.current_device()
     flush = l2_flusher(dev)
