@@ -38,11 +38,14 @@ class BenchResult:
         self.results.append(row)
         return row
 
-    def median(self, case: str, arm: str) -> float:
+    def row(self, case: str, arm: str) -> dict[str, Any]:
         for row in self.results:
             if row["case"] == case and row["arm"] == arm:
-                return float(row["median_us"])
+                return row
         raise KeyError((case, arm))
+
+    def median(self, case: str, arm: str) -> float:
+        return float(self.row(case, arm)["median_us"])
 
 
 def time_per_call_us(
@@ -68,13 +71,13 @@ class TimingEvent(Protocol):
     def elapsed_time(self, end_event: Any, /) -> float: ...  # milliseconds
 
 
-def _cuda_event() -> TimingEvent:
+def cuda_event() -> TimingEvent:
     import torch
 
     return torch.cuda.Event(enable_timing=True)
 
 
-def _cuda_synchronize() -> None:
+def cuda_synchronize() -> None:
     import torch
 
     torch.cuda.synchronize()
@@ -89,8 +92,8 @@ def gpu_time_us(
     warmup: int = 0,
     flush: Callable[[], object] | None = None,
     sync_each: bool = False,
-    event: Callable[[], TimingEvent] = _cuda_event,
-    synchronize: Callable[[], object] = _cuda_synchronize,
+    event: Callable[[], TimingEvent] = cuda_event,
+    synchronize: Callable[[], object] = cuda_synchronize,
 ) -> list[float]:
     """GPU microseconds per operation: ``samples`` samples, each a pair of CUDA
     events on the current stream around ``repeat`` calls of ``step``.

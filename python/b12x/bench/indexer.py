@@ -349,13 +349,14 @@ def torch_arm(
     case: Case,
     inputs: tuple[torch.Tensor, ...],
     timer: ArmTimer,
-    b12x: tuple[dict[str, dict[str, Any]], dict[str, torch.Tensor]],
+    exact: tuple[Samples, torch.Tensor],
     extra: dict[str, Any],
     iters: int,
 ) -> None:
     """``torch``, what a user would write (:func:`torch_indexer`), and its
     agreement with the ``b12x`` arm's selection (bf16 GEMM in the torch arm:
-    near-ties may differ), from the rows and selections of the b12x arms (``b12x``)."""
+    near-ties may differ): ``exact`` is that arm's samples and its indices,
+    which it writes again before the comparison (the arms share them)."""
     q, w, kcache, table, lengths, _aw = inputs
     ref: dict[str, torch.Tensor] = {}
 
@@ -366,11 +367,12 @@ def torch_arm(
 
     def finish() -> None:
         samples.rerun()
-        rows, selections = b12x
-        b = rows["b12x"]
+        exact_samples, idx = exact
+        exact_samples.rerun()
+        b = result.row(case.name, "b12x")
         overlap = min(
             len(set(a.tolist()) & set(c.tolist())) / case.topk
-            for a, c in zip(selections["b12x"][:64].cpu(), ref["idx"][:64].cpu(), strict=True)
+            for a, c in zip(idx[:64].cpu(), ref["idx"][:64].cpu(), strict=True)
         )
         t = result.add(case.name, "torch", samples, **extra)
         b["topk_overlap_min"] = overlap
@@ -426,8 +428,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     for name in args.cases:
         case = CASES[name]
-        q, w, kcache, table, lengths, aw = make_inputs(case)
-        inputs = (q, w, kcache, table, lengths, aw)
+        inputs = make_inputs(case)
 
         def caps_of(precision: str = "exact", case: Case = case) -> Any:
             return case_caps(case, precision, device=f"cuda:{dev}")
@@ -457,20 +458,16 @@ def run(args: argparse.Namespace) -> BenchResult:
         }
         # every arm of the case is declared here and timed interleaved (timer.run)
         timer = ArmTimer(args.iters, flush)
-        rows: dict[str, dict[str, Any]] = {}
-        selections: dict[str, torch.Tensor] = {}
 
         def whole_call(arm: str, samples: Samples, tie_rel: float, fields: dict[str, Any],
-                       rows: dict[str, dict[str, Any]] = rows,
-                       selections: dict[str, torch.Tensor] = selections, name: str = name,
-                       idx: torch.Tensor = idx, inputs: tuple[torch.Tensor, ...] = inputs,
+                       name: str = name, idx: torch.Tensor = idx,
+                       inputs: tuple[torch.Tensor, ...] = inputs,
                        topk: int = case.topk) -> None:  # fmt: skip
             """A whole-call b12x row, its selection checked: the arms share
             ``idx``, so its graph runs once more first."""
             samples.rerun()
-            rows[arm] = result.add(name, arm, samples, **fields)
-            selections[arm] = idx.clone()
-            peers.check_selection(result, rows[arm], name, arm, idx, inputs, topk, tie_rel)
+            row = result.add(name, arm, samples, **fields)
+            peers.check_selection(result, row, name, arm, idx, inputs, topk, tie_rel)
 
         exact = timer(partial(di.run, binding))
         timer.then(partial(whole_call, "b12x", exact, peers.EXACT_TIE_REL, extra))
@@ -487,7 +484,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             fields = {**extra, "mma_flavor": flavor}
             timer.then(partial(result.add, name, f"b12x_{flavor}", samples, **fields))
         if not args.no_torch:
-            torch_arm(result, case, inputs, timer, (rows, selections), extra, args.torch_iters)
+            torch_arm(result, case, inputs, timer, (exact, idx), extra, args.torch_iters)
         indexer_stock.peer_arms(result, case, inputs, env, timer, floors)
         timer.run()
         guards.check(result, name)
@@ -496,9 +493,8 @@ def run(args: argparse.Namespace) -> BenchResult:
             result.notes.append(
                 f"{name}: stock vLLM {stock[0]['median_us']:.1f} us "
                 f"(top-k {stock[0]['topk_kernel']}, {stock[0]['topk_source']}); "
-                f"b12x {rows['b12x']['vs_stock']:.2f}x of it"
+                f"b12x {result.row(name, 'b12x')['vs_stock']:.2f}x of it"
             )
-        del timer, rows, selections, guards
-        del q, w, kcache, table, binding, inputs
+        del timer, guards, binding, inputs
         torch.cuda.empty_cache()
     return result

@@ -253,12 +253,12 @@ def _decode_arms(a: CaseArms) -> Pipeline:
     call = DecodeCall(a.env.deep_gemm.module, a.case, a.inputs, a.env.sms)
     samples = a.measure(call.logits)
     logits = call.logits()
-    made_err = _logits_err(a, logits)
+    check = LogitsCheck(a, logits)
     metadata = a.measure(call.metadata)
 
     def finish() -> None:
         row = a.add("deepgemm_logits", samples, max_model_len=a.case.context)
-        _check_logits(a, row, logits, made_err, call.logits)
+        check.after_timing(row, call.logits)
         a.add("deepgemm_metadata", metadata)
 
     a.measure.then(finish)
@@ -274,12 +274,12 @@ def _prefill_arms(a: CaseArms) -> Pipeline:
     call.gather()
     samples = a.measure(call.logits)
     logits = call.logits()
-    made_err = _logits_err(a, logits)
+    check = LogitsCheck(a, logits)
 
     def finish() -> None:
         a.add("kgather", gathered, kgather_impl=call.gather_impl)
         row = a.add("deepgemm_logits", samples, max_seqlen_k=call.max_seqlen_k)
-        _check_logits(a, row, logits, made_err, call.logits)
+        check.after_timing(row, call.logits)
 
     a.measure.then(finish)
 
@@ -291,52 +291,49 @@ def _prefill_arms(a: CaseArms) -> Pipeline:
     return Pipeline(gather_then_logits, logits, None, call.row_ends, fields)
 
 
-def _logits_err(a: CaseArms, logits: torch.Tensor) -> float:
-    """DeepGEMM's logits against the float32 reference, on spread rows."""
-    import torch
+class LogitsCheck:
+    """DeepGEMM's logits against the float32 reference on spread rows, three
+    ways: ``held``, when it is made (at the arm's declaration); the same
+    tensor after the timing; and one more call after it. A wrong call fails
+    the first and the last; a write into the held logits while the case's
+    arms ran fails only the second."""
 
-    rows = check_rows(a.case.rows)
-    ref, lengths = reference_logits(a.inputs, rows)
-    got = logits.index_select(0, torch.tensor(rows, device=logits.device))
-    return logits_rel_err(got, ref, lengths)
+    def __init__(self, a: CaseArms, held: torch.Tensor) -> None:
+        import torch
 
+        self.a, self.held = a, held
+        self.rows = check_rows(a.case.rows)
+        self.ref, self.lengths = reference_logits(a.inputs, self.rows)
+        self.sel = torch.tensor(self.rows, device=held.device)
+        self.made_err = self.err(held)
 
-def _check_logits(
-    a: CaseArms,
-    row: dict[str, Any],
-    held: torch.Tensor,
-    made_err: float,
-    again: Callable[[], torch.Tensor],
-) -> None:
-    """DeepGEMM's logits checked three ways: ``held``, computed when the arm
-    was declared (``made_err``, its error then) and kept through the timing;
-    the same tensor after the timing; and ``again()``, one more call after
-    it. A wrong call fails the first and the last; a write into the held
-    logits while the case's arms ran fails only the second."""
-    err = _logits_err(a, again())
-    held_err = _logits_err(a, held)
-    ok = max(made_err, err, held_err) <= LOGITS_REL_TOL
-    row.update(
-        logits_max_rel_err=err,
-        logits_made_rel_err=made_err,
-        held_logits_max_rel_err=held_err,
-        logits_rel_tol=LOGITS_REL_TOL,
-        check_rows=len(check_rows(a.case.rows)),
-        check_ok=ok,
-    )
-    if max(made_err, err) > LOGITS_REL_TOL:
-        a.fail(
-            f"deepgemm_logits relative error expected <= {LOGITS_REL_TOL:g}, got "
-            f"{made_err:.3g} before the timing and {err:.3g} after it "
-            "(the peer call is wrong: its times mean nothing)"
+    def err(self, logits: torch.Tensor) -> float:
+        return logits_rel_err(logits.index_select(0, self.sel), self.ref, self.lengths)
+
+    def after_timing(self, row: dict[str, Any], again: Callable[[], torch.Tensor]) -> None:
+        """The last two checks, into the arm's ``row``; a failure fails the run."""
+        made, err, held = self.made_err, self.err(again()), self.err(self.held)
+        row.update(
+            logits_max_rel_err=err,
+            logits_made_rel_err=made,
+            held_logits_max_rel_err=held,
+            logits_rel_tol=LOGITS_REL_TOL,
+            check_rows=len(self.rows),
+            check_ok=max(made, err, held) <= LOGITS_REL_TOL,
         )
-    elif held_err > LOGITS_REL_TOL:
-        a.fail(
-            f"deepgemm_logits computed before the timing (relative error {made_err:.3g} "
-            f"then): expected <= {LOGITS_REL_TOL:g} after it, got {held_err:.3g}, while a "
-            f"call after the timing gives {err:.3g}: something wrote into them while the "
-            "case's arms ran"
-        )
+        if max(made, err) > LOGITS_REL_TOL:
+            self.a.fail(
+                f"deepgemm_logits relative error expected <= {LOGITS_REL_TOL:g}, got "
+                f"{made:.3g} before the timing and {err:.3g} after it "
+                "(the peer call is wrong: its times mean nothing)"
+            )
+        elif held > LOGITS_REL_TOL:
+            self.a.fail(
+                f"deepgemm_logits computed before the timing (relative error {made:.3g} "
+                f"then): expected <= {LOGITS_REL_TOL:g} after it, got {held:.3g}, while a "
+                f"call after the timing gives {err:.3g}: something wrote into them while the "
+                "case's arms ran"
+            )
 
 
 def _stock_arm(a: CaseArms, pipeline: Pipeline) -> None:

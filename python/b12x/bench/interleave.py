@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from b12x.bench.common import TimingEvent, _cuda_event, _cuda_synchronize, capture_graph
+from b12x.bench.common import TimingEvent, capture_graph, cuda_event, cuda_synchronize
 
 if TYPE_CHECKING:
     import torch
@@ -32,8 +32,8 @@ def time_interleaved_us(
     *,
     flush: Callable[[], object] | None = None,
     rotate: bool = True,
-    event: Callable[[], TimingEvent] = _cuda_event,
-    synchronize: Callable[[], object] = _cuda_synchronize,
+    event: Callable[[], TimingEvent] = cuda_event,
+    synchronize: Callable[[], object] = cuda_synchronize,
 ) -> list[list[float]]:
     """GPU microseconds per call of every step, ``samples[i]`` samples of
     step ``i``, taken in rounds: round ``r`` runs each step that still needs
@@ -89,8 +89,8 @@ class ArmTimer:
         flush: Callable[[], object] | None = None,
         *,
         capture: Callable[[Callable[[], object]], Callable[[], object]] | None = None,
-        event: Callable[[], TimingEvent] = _cuda_event,
-        synchronize: Callable[[], object] = _cuda_synchronize,
+        event: Callable[[], TimingEvent] = cuda_event,
+        synchronize: Callable[[], object] = cuda_synchronize,
     ) -> None:
         self.samples = samples
         self.flush = flush
