@@ -147,3 +147,31 @@ def test_arm_timer_fills_samples_only_when_run_then_finishes_in_order():
         timer(arm(gpu, "c", 1.0))
     with pytest.raises(RuntimeError, match="twice"):
         timer.run()
+
+
+def test_arm_timer_keeps_each_arm_alive_while_its_graph_can_replay():
+    """A graph keeps raw pointers into what its arm owns (a binding, its
+    scratch); were the arm freed after the capture, the allocator would hand
+    that memory to the next tensor and the replays would overwrite it."""
+    import gc
+    import weakref
+
+    gpu = FakeGpu()
+
+    class Owner:  # stands in for a binding whose scratch the graph writes
+        def __call__(self) -> None:
+            gpu.run(1.0, "owner")
+
+    timer = ArmTimer(1, capture=lambda fn: (lambda: gpu.run(1.0, "replay")),
+                     event=gpu.event, synchronize=gpu.synchronize)  # fmt: skip
+    owner = Owner()
+    alive = weakref.ref(owner)
+    samples = timer(owner)
+    del owner
+    gc.collect()
+    assert alive() is not None, "the arm was freed while its graph can still replay"
+    timer.run()
+    assert list(samples) == [1000.0] and alive() is not None
+    del timer
+    gc.collect()
+    assert alive() is None, "the timer keeps its arms only as long as it lives"

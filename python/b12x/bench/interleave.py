@@ -9,6 +9,11 @@ taken in rounds, one replay of every arm a round, the L2 flushed before each,
 the order rotated by one arm every round so that no arm always follows the
 same one.
 
+The timer keeps every arm's callable (and so whatever it owns: a binding and
+its scratch) alive as long as the timer: a captured graph holds raw device
+pointers, and a buffer freed while its graph still replays would be handed to
+the next allocation of its size, which the replays then overwrite.
+
 Arms declare what they do with their samples (:meth:`ArmTimer.then`); those
 finishes run after the timing, in the order they were declared. Arms that
 share output buffers re-run their graph (:meth:`Samples.rerun`) before they
@@ -79,8 +84,8 @@ class Samples(list[float]):
 
 class ArmTimer:
     """The arms of one case: ``timer(fn)`` captures ``fn`` in a CUDA graph now
-    (running it once first, outside the capture) and returns its
-    :class:`Samples`; :meth:`run` times every arm interleaved, then runs the
+    (running it once first, outside the capture), keeps ``fn`` alive with the
+    graph, and returns its :class:`Samples`; :meth:`run` times every arm interleaved, then runs the
     finishes. ``capture`` makes a step of ``fn`` (tests pass fakes)."""
 
     def __init__(
@@ -98,6 +103,8 @@ class ArmTimer:
         self._event = event
         self._synchronize = synchronize
         self._arms: list[tuple[Callable[[], object], int, Samples]] = []
+        # the captured callables: their graphs write into what they own
+        self._owners: list[Callable[[], object]] = []
         self._finishes: list[Callable[[], object]] = []
         self.ran = False
 
@@ -105,6 +112,7 @@ class ArmTimer:
         if self.ran:
             raise RuntimeError("ArmTimer: an arm declared after run(); declare every arm first")
         step = self._capture(fn)
+        self._owners.append(fn)
         out = Samples(step, self._synchronize)
         self._arms.append((step, self.samples if samples is None else samples, out))
         return out
