@@ -23,6 +23,7 @@ check what it wrote.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from b12x.bench.common import TimingEvent, capture_graph, cuda_event, cuda_synchronize
@@ -82,6 +83,17 @@ class Samples(list[float]):
         self._synchronize()
 
 
+@dataclass(frozen=True)
+class _Arm:
+    """A declared arm: ``fn`` is kept because its graph (``step``) writes
+    into what it owns; ``count`` samples go to ``samples``."""
+
+    fn: Callable[[], object]
+    step: Callable[[], object]
+    count: int
+    samples: Samples
+
+
 class ArmTimer:
     """The arms of one case: ``timer(fn)`` captures ``fn`` in a CUDA graph now
     (running it once first, outside the capture), keeps ``fn`` alive with the
@@ -102,9 +114,7 @@ class ArmTimer:
         self._capture = capture or _graph_step
         self._event = event
         self._synchronize = synchronize
-        self._arms: list[tuple[Callable[[], object], int, Samples]] = []
-        # the captured callables: their graphs write into what they own
-        self._owners: list[Callable[[], object]] = []
+        self._arms: list[_Arm] = []
         self._finishes: list[Callable[[], object]] = []
         self.ran = False
 
@@ -112,9 +122,8 @@ class ArmTimer:
         if self.ran:
             raise RuntimeError("ArmTimer: an arm declared after run(); declare every arm first")
         step = self._capture(fn)
-        self._owners.append(fn)
         out = Samples(step, self._synchronize)
-        self._arms.append((step, self.samples if samples is None else samples, out))
+        self._arms.append(_Arm(fn, step, self.samples if samples is None else samples, out))
         return out
 
     def then(self, finish: Callable[[], object]) -> None:
@@ -126,14 +135,14 @@ class ArmTimer:
             raise RuntimeError("ArmTimer: run() twice")
         self.ran = True
         timed = time_interleaved_us(
-            [step for step, _, _ in self._arms],
-            [count for _, count, _ in self._arms],
+            [arm.step for arm in self._arms],
+            [arm.count for arm in self._arms],
             flush=self.flush,
             event=self._event,
             synchronize=self._synchronize,
         )
-        for (_, _, out), got in zip(self._arms, timed, strict=True):
-            out.extend(got)
+        for arm, got in zip(self._arms, timed, strict=True):
+            arm.samples.extend(got)
         for finish in self._finishes:
             finish()
 
