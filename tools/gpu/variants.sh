@@ -4,7 +4,8 @@
 # For each wheel in turn (TESTS=1, the default; TESTS=0: none; or the NAMEs
 # whose tests run, e.g. TESTS="tp": the tests are the checked-out tree's, which
 # only that wheel's branch may pass): install it and run the indexer's GPU
-# tests. Then ROUNDS times (default 2) for each wheel: install it
+# tests (at most TEST_LIMIT seconds, default 300). Then ROUNDS times
+# (default 2; 0: the tests alone) for each wheel: install it
 # and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
 # with $BENCH_ARGS added (e.g. "--flavor-arms wgmma": a forced-flavor arm in
 # the same interleaved run).
@@ -29,7 +30,7 @@ tested() {  # whether wheel NAME's tests run (TESTS)
 for i in "${!NAMES[@]}"; do
   tested "${NAMES[$i]}" || continue
   install "${WHEELS[$i]}"
-  TAIL=3 step "test_${NAMES[$i]}" 300 bash -c \
+  TAIL=3 step "test_${NAMES[$i]}" "${TEST_LIMIT:-300}" bash -c \
     'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
 done
 for r in $(seq 1 "$ROUNDS"); do
