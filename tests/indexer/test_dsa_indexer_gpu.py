@@ -269,12 +269,14 @@ def test_one_chunk_selection_edge_cases(width):
 FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
 
 
-def device_flavors(*, fast=False):
-    """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
-    sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only); with
-    ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
+def device_flavors(mode, *, fast=False):
+    """The exact MMA flavors this device runs in ``mode``: e4m3 mma.sync
+    (native on sm_89 / sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma
+    and for prefill tma_f16 (sm_90 only); with ``fast`` also the fast ones
+    (FAST_FLAVORS, sm_90 only)."""
     if torch.cuda.get_device_capability() == (9, 0):
-        return ("e4m3", "f16", "wgmma") + (FAST_FLAVORS if fast else ())
+        exact = ("e4m3", "f16", "wgmma") + (("tma_f16",) if mode == "prefill" else ())
+        return exact + (FAST_FLAVORS if fast else ())
     return ("e4m3", "f16")
 
 
@@ -328,7 +330,7 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
     expected = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
     limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
-    for flavor in device_flavors():
+    for flavor in device_flavors(mode):
         plan = plan_for(inputs, 512, mode=mode, supertile=1024, flavor=flavor)  # one chunk
         b, _, _ = bind_for(plan, inputs)
         di.run(b)
@@ -347,6 +349,42 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
             assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
 
 
+def test_exact_tma_prefill_restages_q_between_segments():
+    # tma_f16 with more work units than SMs: a CTA's units span row blocks,
+    # so its warpgroups restage Q and the weights between segments. Its
+    # logits against the reference and the wgmma flavor's (both exact), and
+    # its selection.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("tma_f16 is sm_90's")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    width = 40  # 2560 tokens: one chunk of a 2560-token supertile
+    rows = 8 * (sms // 2 + 3)  # row blocks of 8: about 2.5 units of 8 pages a CTA
+    lengths = [width * PAGE - 5 * r for r in range(rows)]
+    inputs = make_case(rows, 64, width, lengths, mode="prefill", unmapped=[(0, 7)], seed=77)
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
+    got = {}
+    for flavor in ("tma_f16", "wgmma"):
+        plan = plan_for(inputs, 512, mode="prefill", supertile=width * PAGE, flavor=flavor)
+        assert plan.max_chunks == 1
+        b, out, sc = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        got[flavor] = di.scratch_views(b)["logits"][:rows, : width * PAGE].clone()
+        check(inputs, 512, out, sc)
+    tma, wg = got["tma_f16"], got["wgmma"]
+    bad = ~torch.isclose(tma[cand], expected[cand], rtol=1e-4, atol=1e-4)
+    assert not bool(bad.any()), f"{int(bad.sum())} of {int(cand.sum())} logits differ"
+    # the same exact products and fp32 sums, in another order at most
+    scale = expected[cand].abs().max()
+    assert float((tma[cand] - wg[cand]).abs().max()) <= 1e-5 * float(scale)
+    # an unmapped page's live positions hold "not a candidate"
+    limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).to(tma.device)
+    live = torch.arange(width * PAGE, device=tma.device)[None, :] < limits[:, None]
+    skipped = tma[live & ~cand].view(torch.int32)
+    assert skipped.numel() > 0 and bool((skipped == -1).all()), "an unmapped page was scored"
+
+
 @pytest.mark.parametrize("heads", [16, 48, 64])
 def test_every_mma_flavor(heads):
     # every flavor this device runs, on decode and on shared-table prefill
@@ -355,9 +393,10 @@ def test_every_mma_flavor(heads):
     lengths[0] = 0
     decode = make_case(rows, heads, width, lengths, seed=heads + 1)
     prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
-    for flavor in device_flavors():
+    for flavor in device_flavors("decode"):
         _, out, sc = run_case(decode, 512, supertile=1024, flavor=flavor)
         check(decode, 512, out, sc)
+    for flavor in device_flavors("prefill"):
         _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024, flavor=flavor)
         check(prefill, 512, out, sc)
 
@@ -387,7 +426,7 @@ def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
     cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
     logits = ref.paged_logits(**inputs)
     di.check("cuda")  # no earlier test left a record
-    for flavor in device_flavors(fast=True):
+    for flavor in device_flavors(mode, fast=True):
         # the fast flavor's logits are not the reference's: check only that every
         # selected index is a candidate (the near-tie tolerance covers the rest)
         tol = {} if flavor not in FAST_FLAVORS else {"tie_atol": math.inf, "score_atol": math.inf}

@@ -162,6 +162,10 @@ modules! {
         IndexerTmaFp8PrefillH32 = "b12x_indexer_tma_fp8_prefill_h32",
         IndexerTmaFp8PrefillH48 = "b12x_indexer_tma_fp8_prefill_h48",
         IndexerTmaFp8PrefillH64 = "b12x_indexer_tma_fp8_prefill_h64",
+        IndexerTmaF16PrefillH16 = "b12x_indexer_tma_f16_prefill_h16",
+        IndexerTmaF16PrefillH32 = "b12x_indexer_tma_f16_prefill_h32",
+        IndexerTmaF16PrefillH48 = "b12x_indexer_tma_f16_prefill_h48",
+        IndexerTmaF16PrefillH64 = "b12x_indexer_tma_f16_prefill_h64",
     ],
     indexer_select: Sm90a => [
         IndexerSelectP4 = "b12x_indexer_select_p4",

@@ -53,11 +53,22 @@ pub enum MmaFlavor {
     /// persistent CTAs (kernels/indexer_hopper.cu, sm_90a only). Serves plans
     /// of at most [`TMA_MAX_ROW_BLOCKS`] row blocks.
     TmaFp8,
+    /// The exact flavor of that pipeline, prefill only: the TMA-fed K pages
+    /// widened to f16 in registers (A), the rows' Q staged as f16 (B),
+    /// `wgmma m64nNk16 .f16` with fp32 accumulation, as [`MmaFlavor::Wgmma`].
+    /// Same row-block bound as [`MmaFlavor::TmaFp8`].
+    TmaF16,
 }
 
 impl MmaFlavor {
-    pub const ALL: [MmaFlavor; 5] =
-        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8, MmaFlavor::TmaFp8];
+    pub const ALL: [MmaFlavor; 6] = [
+        MmaFlavor::E4m3,
+        MmaFlavor::F16,
+        MmaFlavor::Wgmma,
+        MmaFlavor::WgmmaFp8,
+        MmaFlavor::TmaFp8,
+        MmaFlavor::TmaF16,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -66,6 +77,7 @@ impl MmaFlavor {
             MmaFlavor::Wgmma => "wgmma",
             MmaFlavor::WgmmaFp8 => "wgmma_fp8",
             MmaFlavor::TmaFp8 => "tma_fp8",
+            MmaFlavor::TmaF16 => "tma_f16",
         }
     }
 
@@ -78,31 +90,50 @@ impl MmaFlavor {
         MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
             op: "plan",
             operand: "mma_flavor".into(),
-            expected: "one of {e4m3, f16, wgmma, wgmma_fp8, tma_fp8}".into(),
+            expected: "one of {e4m3, f16, wgmma, wgmma_fp8, tma_fp8, tma_f16}".into(),
             got: format!("{s:?}"),
         })
     }
 
-    /// The flavor a plan picks for a device of compute capability `cc`: the
-    /// fastest measured there that meets `precision` (rust/cuda's module
-    /// table says where each runs). Only Hopper has a faster, inexact path.
-    pub fn for_device(cc: (u32, u32), precision: Precision) -> MmaFlavor {
-        match (cc, precision) {
-            ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
-            ((9, 0), Precision::Exact) => MmaFlavor::Wgmma,
-            ((9, 0), Precision::Fast) => MmaFlavor::TmaFp8,
+    /// The flavor a plan picks for a device of compute capability `cc` in
+    /// `mode`: the fastest measured there that meets `precision` (rust/cuda's
+    /// module table says where each runs). Only Hopper has a faster, inexact
+    /// path; its exact TMA-fed scorer is prefill's.
+    pub fn for_device(cc: (u32, u32), precision: Precision, mode: Mode) -> MmaFlavor {
+        match (cc, precision, mode) {
+            ((8, 9) | (12, _), _, _) => MmaFlavor::E4m3,
+            ((9, 0), Precision::Exact, Mode::Decode) => MmaFlavor::Wgmma,
+            ((9, 0), Precision::Exact, Mode::Prefill) => MmaFlavor::TmaF16,
+            ((9, 0), Precision::Fast, _) => MmaFlavor::TmaFp8,
             _ => MmaFlavor::F16,
         }
     }
 
     /// Whether this flavor's scorers serve a plan of `rows` query rows in
-    /// `mode` (the TMA scorers' work scan holds a bounded number of row blocks).
+    /// `mode`: the TMA scorers' work scan holds a bounded number of row
+    /// blocks, and the exact one has no decode scorer.
     pub fn serves(self, mode: Mode, rows: u32) -> bool {
         let block_rows = match mode {
             Mode::Decode => 1,
             Mode::Prefill => TMA_PREFILL_BLOCK_ROWS,
         };
-        self != MmaFlavor::TmaFp8 || rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
+        match self {
+            MmaFlavor::TmaFp8 => rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS,
+            MmaFlavor::TmaF16 => {
+                mode == Mode::Prefill && rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
+            }
+            _ => true,
+        }
+    }
+
+    /// What runs where this flavor does not serve a plan: the wgmma scorer
+    /// of the same precision.
+    pub const fn fallback(self) -> MmaFlavor {
+        match self {
+            MmaFlavor::TmaFp8 => MmaFlavor::WgmmaFp8,
+            MmaFlavor::TmaF16 => MmaFlavor::Wgmma,
+            other => other,
+        }
     }
 }
 
@@ -235,7 +266,8 @@ impl Plan {
                     op: "plan",
                     operand: "mma_flavor".into(),
                     expected: format!(
-                        "a flavor that serves {} {} rows (tma_fp8: at most {} row blocks)",
+                        "a flavor that serves {} {} rows (tma_fp8, tma_f16: at most {} row \
+                         blocks; tma_f16: prefill only)",
                         caps.max_q_rows,
                         caps.mode.name(),
                         TMA_MAX_ROW_BLOCKS
@@ -246,13 +278,10 @@ impl Plan {
             }
             (true, Some(forced)) => Some(forced),
             (true, None) => {
-                let best = MmaFlavor::for_device(device.compute_capability, caps.precision);
+                let best =
+                    MmaFlavor::for_device(device.compute_capability, caps.precision, caps.mode);
                 // The TMA scorers past their row-block bound: the wgmma ones.
-                Some(if best.serves(caps.mode, caps.max_q_rows) {
-                    best
-                } else {
-                    MmaFlavor::WgmmaFp8
-                })
+                Some(if best.serves(caps.mode, caps.max_q_rows) { best } else { best.fallback() })
             }
             (false, None) => None,
             (false, Some(f)) => {
@@ -539,6 +568,30 @@ mod tests {
         let err = Plan::with_options(&fast(5120, Mode::Decode), &on, &forced).unwrap_err();
         assert!(err.to_string().contains("serves 5120 decode rows"), "{err}");
         assert!(Plan::with_options(&fast(4096, Mode::Decode), &on, &forced).is_ok());
+    }
+
+    #[test]
+    fn exact_prefill_on_hopper_takes_the_tma_f16_scorer_where_it_serves() {
+        let on = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
+        let exact = |rows, mode| caps(64, rows, 8, 512, 0, mode);
+        let flavor = |rows, mode| Plan::new(&exact(rows, mode), &on).unwrap().mma_flavor();
+        assert_eq!(flavor(4096, Mode::Prefill), Some(MmaFlavor::TmaF16));
+        assert_eq!(flavor(32768, Mode::Prefill), Some(MmaFlavor::TmaF16));
+        // past the work scan's row blocks: the wgmma scorer of the same precision
+        assert_eq!(flavor(40960, Mode::Prefill), Some(MmaFlavor::Wgmma));
+        // decode keeps the wgmma scorer: tma_f16 has none
+        assert_eq!(flavor(64, Mode::Decode), Some(MmaFlavor::Wgmma));
+        assert!(MmaFlavor::TmaF16.is_exact());
+        assert_eq!(MmaFlavor::parse("tma_f16").unwrap(), MmaFlavor::TmaF16);
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::TmaF16), ..PlanOptions::default() };
+        let err = Plan::with_options(&exact(64, Mode::Decode), &on, &forced).unwrap_err();
+        assert!(err.to_string().contains("tma_f16: prefill only"), "{err}");
+        let p = Plan::with_options(&exact(4096, Mode::Prefill), &on, &forced).unwrap();
+        assert!(p.to_string().ends_with("mma_flavor=tma_f16"), "{p}");
+        // elsewhere exact prefill keeps its flavor
+        let off = DeviceFacts { multiprocessors: 132, compute_capability: (12, 0) };
+        let p = Plan::new(&exact(4096, Mode::Prefill), &off).unwrap();
+        assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
     }
 
     #[test]
