@@ -316,6 +316,17 @@ struct LaneRows {
         for (int m = 0; m < OUTS; ++m)
             if (lo.stores && t < n[m]) out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
     }
+    // The same from this lane's shares x of the quad's 2 R sums.
+    __device__ __forceinline__ void reduce_store(const QuadLogit<R>& lo, u32 tig, u32 page,
+                                                 const float (&x)[2 * R], i32 pid, float sc,
+                                                 float skip) const {
+        float val[OUTS];
+        if constexpr (R == 1)
+            val[0] = quad_reduce_scatter<2>(x, tig);
+        else
+            quad_reduce_scatter(x, tig, val);
+        store(lo, page, val, pid, sc, skip);
+    }
 };
 
 // ---------------------------------------------------------------- prefill's linear part
@@ -681,12 +692,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             }
         };
         auto store = [&](u32 page, const float (&x)[2 * QR], i32 pid, float sc) {
-            float val[OUTS];
-            if constexpr (QR == 1)
-                val[0] = quad_reduce_scatter<2>(x, tig);
-            else
-                quad_reduce_scatter(x, tig, val);
-            mine.store(lane_out, page, val, pid, sc, skip);
+            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip);
         };
         if constexpr (!PREFILL) {
             // Pages round-robin over the warpgroups, one at a time.
@@ -747,83 +753,93 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 }
 
 
-// ---------------------------------------------------------------- exact prefill
+// ---------------------------------------------------------------- the exact scorers
 //
 // precision="exact" on the same pipeline: the producer streams the K pages
-// as for the fast scorer; the two consumer warpgroups score them with f16
-// wgmma (exact FP8 products, fp32 accumulation: the exact flavors' logits)
-// where the fast one uses FP8 wgmma. TMA cannot widen bytes, so:
+// as for the fast scorers; the consumers score them with f16 wgmma (exact
+// FP8 products, fp32 accumulation: the exact flavors' logits) where the fast
+// ones use FP8 wgmma. TMA cannot widen bytes, so:
 //   * K is A, from registers: each warp widens its 16 tokens of the page
 //     (f16_lane_words, the permutation of wgmma_f16_operands.cuh), then
 //     releases the stage; its MMAs never read the ring;
-//   * each warpgroup stages its 4 rows' Q itself, as f16 B in that
-//     permutation, once a segment (one buffer: 64 KiB a warpgroup at 64 heads),
-//     with the rows' halved weights for the epilogue;
-//   * a page is two parts of 2 rows (N = 2 x heads, eight k16 MMAs, a commit
-//     group each): part 0's epilogue (relu * weight) runs while part 1's MMAs
-//     do, and the other warpgroup's MMAs cover this one's part-1 epilogue.
+//   * the consumers stage the block's Q as f16 B in that permutation
+//     themselves, once a segment, with its rows' halved weights: prefill
+//     each warpgroup its 4 rows (a "group" of 128 threads, its own buffers),
+//     decode all four warpgroups the one row (one group of 512 threads);
+//   * prefill: every page by both warpgroups, in two parts of 2 rows
+//     (N = 2 x heads, eight k16 MMAs, a commit group each), part 0's
+//     epilogue (relu * weight) under part 1's MMAs, the other warpgroup's
+//     MMAs under this one's part-1 epilogue; decode: the pages round-robin
+//     over the warpgroups, one part of N = heads, as the fast decode scorer.
 // Every page ends with no MMA in flight (ptxas serialises a group pending
 // across a loop's back edge).
-template <int HP>
+template <int HP, int RPB, int QR, int STAGES, int CONSUMERS>
 struct HpExactSmem {
-    static constexpr u32 STAGES = HP_PREFILL_STAGES;
-    static constexpr u32 TILE_ROWS = HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS;
-    static constexpr u32 N = TILE_ROWS * HP;         // B rows of a warpgroup
+    static constexpr bool PREFILL = QR > 1;
+    static constexpr u32 GROUPS = PREFILL ? CONSUMERS : 1;  // Q and weight buffers
+    static constexpr u32 GROUP_THREADS = 128 * CONSUMERS / GROUPS;
+    static constexpr u32 N = QR * HP;                // B rows of a group
+    static constexpr u32 PARTS = PREFILL ? QR / 2 : 1;
+    static constexpr u32 UN = N / PARTS;             // B rows of a part
     static constexpr u32 Q_HALF = N * IDX_HEAD_DIM;  // 64 dims (128 bytes of f16) of each
-    static constexpr u32 Q_WG = 2 * Q_HALF;
+    static constexpr u32 Q_GROUP = 2 * Q_HALF;
     // Weights by lane: lane t's columns 8j + 2t + e at [t][j][e], rows padded
     // by 2 pairs so the 4 lanes of a quad read distinct banks.
     static constexpr u32 W_ROW = N / 8 + 2;  // (j, e) pairs per lane row
-    static constexpr u32 W_WG = 4 * W_ROW * 2 * 4;
+    static constexpr u32 W_GROUP = 4 * W_ROW * 2 * 4;
     static constexpr u32 K = 0;
     static constexpr u32 Q = K + STAGES * HP_PAGE_K_BYTES;
-    static constexpr u32 SCALE = Q + HP_PREFILL_CONSUMERS * Q_WG;
+    static constexpr u32 SCALE = Q + GROUPS * Q_GROUP;
     static constexpr u32 W = SCALE + STAGES * HP_PAGE_SCALE_BYTES;
-    static constexpr u32 PID = W + HP_PREFILL_CONSUMERS * W_WG;
+    static constexpr u32 PID = W + GROUPS * W_GROUP;
     static constexpr u32 BAR = PID + STAGES * 4;  // full_k[STAGES], empty_k[STAGES]
     static constexpr u32 PREFIX = BAR + 2 * STAGES * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
     static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
-    static_assert(Q_HALF % 1024 == 0 && (2 * HP * IDX_HEAD_DIM) % 1024 == 0,
+    static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
+    static_assert(!PREFILL || QR == 4, "prefill: two parts of two rows");
+    static_assert(Q_HALF % 1024 == 0 && (UN * IDX_HEAD_DIM) % 1024 == 0,
                   "Q halves and parts stay on the swizzle period");
-    static_assert(W % 16 == 0 && W_WG % 16 == 0 && W_ROW % 2 == 0, "float4 weight pairs");
+    static_assert(W % 16 == 0 && W_GROUP % 16 == 0 && W_ROW % 2 == 0, "float4 weight pairs");
     static_assert(BAR % 8 == 0, "mbarriers");
 };
 
-template <int HP>
-__device__ __forceinline__ void hp_score_exact_prefill(const HopperParams& hp) {
-    using L = HpExactSmem<HP>;
-    using Roles = HpRoles<HP_PREFILL_CONSUMERS>;
-    constexpr int RPB = HP_PREFILL_ROWS, QR = L::TILE_ROWS, STAGES = L::STAGES;
-    constexpr int UN = 2 * HP;     // B columns of a part (its 2 rows)
-    constexpr int JP = UN / 8;     // n8 groups of a part
-    constexpr int OUTS = 2;        // this lane's rows lane_out.row + 2 m
-    static_assert(QR == 4, "two parts of two rows");
+template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>
+__device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
+    using L = HpExactSmem<HP, RPB, QR, STAGES, CONSUMERS>;
+    using Roles = HpRoles<CONSUMERS>;
+    constexpr bool PREFILL = L::PREFILL;
+    constexpr int UN = L::UN, PARTS = L::PARTS;
+    constexpr int JP = UN / 8;               // n8 groups of a part
+    constexpr int OUTS = QR == 4 ? 2 : 1;    // this lane's rows lane_out.row + 2 m
     using Mma = WgmmaF16<UN>;
     const ScoreParams& p = hp.s;
-    // every consumer thread releases each K stage; no Q stages (staged here)
-    const HpCta cta = hp_prologue<L, RPB, HP_PREFILL_UNIT, STAGES, Roles::THREADS>(
-        p, 128 * HP_PREFILL_CONSUMERS, 0);
+    // consumers release a K stage: prefill all of them, decode the one
+    // warpgroup that scored it; no Q stages (the consumers stage Q)
+    const HpCta cta = hp_prologue<L, RPB, UNIT, STAGES, Roles::THREADS>(
+        p, PREFILL ? 128 * CONSUMERS : 128, 0);
     u8* smem = cta.smem;
     const HpBars<STAGES> bars{smem_addr(smem) + L::BAR};
     const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
     if (!hp_consumer<Roles>(warp, [&] {
-            hp_produce<L, RPB, HP_PREFILL_UNIT, STAGES, true, false>(hp, smem, cta.prefix,
-                                                                     cta.blocks, lane);
+            hp_produce<L, RPB, UNIT, STAGES, PREFILL, false>(hp, smem, cta.prefix, cta.blocks,
+                                                             lane);
         }))
         return;
+
     const u32 wg = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // consumer warpgroup (uniform)
-    const u32 wtid = threadIdx.x - 128 * (1 + wg);               // thread within it
+    const u32 group = PREFILL ? wg : 0;                         // its Q and weights
+    const u32 gtid = threadIdx.x - 128 - group * L::GROUP_THREADS;  // thread within the group
     const u32 cw = warp & 3, gid = lane >> 2, tig = lane & 3;
     const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
     const float skip = idx_not_candidate();
     const QuadLogit<QR> lane_out(tig, t_lo);
-    u8* q_wg = smem + L::Q + wg * L::Q_WG;
-    float* ws = reinterpret_cast<float*>(smem + L::W + wg * L::W_WG);
-    const u32 q_base = smem_addr(q_wg);
-    float d[2][Mma::REGS];
+    u8* q_group = smem + L::Q + group * L::Q_GROUP;
+    float* ws = reinterpret_cast<float*>(smem + L::W + group * L::W_GROUP);
+    const u32 q_base = smem_addr(q_group);
+    float d[PARTS][Mma::REGS];
     u32 a[8][4];  // the page's A fragments, live until its last MMA is done
 
     // Part P's eight k16 MMAs (B rows [P UN, + UN) of both halves) into d[P].
@@ -838,9 +854,9 @@ __device__ __forceinline__ void hp_score_exact_prefill(const HopperParams& hp) {
         hp_wgmma_commit();
     };
     // relu * weight over part P's heads (its MMAs complete): this lane's
-    // share of tile rows 2P, 2P + 1, tokens t_lo and t_lo + 8.
-    // (x's extent from L: NVRTC 12.8 crashes on a local constexpr there)
-    auto accumulate = [&](auto part, float (&x)[2 * L::TILE_ROWS]) {
+    // share of the part's rows, tokens t_lo and t_lo + 8. (x's extent from
+    // L: NVRTC 12.8 crashes on a local constexpr there.)
+    auto accumulate = [&](auto part, float (&x)[2 * L::N / HP]) {
         constexpr int P = decltype(part)::value;
         Mma::fence_operands(d[P]);
         const float* wrow = ws + tig * L::W_ROW * 2 + P * JP * 2;
@@ -861,16 +877,16 @@ __device__ __forceinline__ void hp_score_exact_prefill(const HopperParams& hp) {
     };
 
     u32 kit = 0;
-    hp_segments<RPB, HP_PREFILL_UNIT>(p, cta.prefix, cta.blocks, [&](u32 blk, u32 pb, u32 pe) {
+    hp_segments<RPB, UNIT>(p, cta.prefix, cta.blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
         pe = min(pe, br.pages);
-        const u32 row0 = br.row0 + wg * QR;  // this warpgroup's tile of the block
+        const u32 row0 = br.row0 + group * QR;  // the group's rows of the block
         const LaneRows<OUTS, QR> mine(p, row0, lane_out);
-        // The warpgroup is done with the last segment's Q (its MMAs waited
-        // for) and weights; then its threads restage both.
-        group_barrier(1 + wg, 128);
-        f16_stage_q<HP, L::N>(p, q_wg, L::Q_HALF, row0, wtid, 128);
-        for (u32 c = wtid; c < L::N; c += 128) {
+        // The group is done with the last segment's Q (its MMAs waited for)
+        // and weights; then its threads restage both.
+        group_barrier(1 + group, L::GROUP_THREADS);
+        f16_stage_q<HP, L::N>(p, q_group, L::Q_HALF, row0, gtid, L::GROUP_THREADS);
+        for (u32 c = gtid; c < L::N; c += L::GROUP_THREADS) {
             const u32 rr = c / HP, h = c % HP, row = row0 + rr;
             const u32 lane_t = (c % 8) / 2, j = c / 8, e = c % 2;
             // halved: the epilogue multiplies them by twice relu (relu_nan_x2)
@@ -879,8 +895,9 @@ __device__ __forceinline__ void hp_score_exact_prefill(const HopperParams& hp) {
                                             : 0.0f;
         }
         fence_proxy_async_shared();  // Q, read by wgmma after the barrier
-        group_barrier(1 + wg, 128);
+        group_barrier(1 + group, L::GROUP_THREADS);
         for (u32 page = pb; page < pe; ++page, ++kit) {
+            if (!PREFILL && kit % CONSUMERS != wg) continue;  // decode: pages in turn
             const u32 st = kit % STAGES;
             mbar_wait(bars.full_k(st), (kit / STAGES) & 1);
             u32 w0[8], w1[8];
@@ -891,40 +908,42 @@ __device__ __forceinline__ void hp_score_exact_prefill(const HopperParams& hp) {
 #pragma unroll
             for (int s = 0; s < 8; ++s) f16_a_fragment(w0, w1, s, a[s]);
             issue(Int<0>{});
-            issue(Int<1>{});
             float x[2 * QR] = {};
-            hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
-            accumulate(Int<0>{}, x);
+            if constexpr (PARTS == 2) {
+                issue(Int<1>{});
+                hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
+                accumulate(Int<0>{}, x);
+            }
             hp_wgmma_wait<0>();
-            // a[] is read by part 1's MMAs until here: keep its registers
-            // from being reused before the wait said so.
+            // a[] is read by the last part's MMAs until here: keep its
+            // registers from being reused before the wait said so.
 #pragma unroll
             for (int s = 0; s < 8; ++s)
                 asm volatile("" : "+r"(a[s][0]), "+r"(a[s][1]), "+r"(a[s][2]), "+r"(a[s][3])
                              :: "memory");
-            accumulate(Int<1>{}, x);
-            float val[OUTS];
-            quad_reduce_scatter(x, tig, val);
-            mine.store(lane_out, page, val, pid, sc, skip);
+            accumulate(Int<PARTS - 1>{}, x);
+            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip);
         }
     });
 }
 
-#define HOPPER_KERNELS(HEADS)                                                                \
+// The decode and prefill entries of one flavor (fp8: hp_score, f16:
+// hp_score_exact) at HEADS padded heads.
+#define HOPPER_FLAVOR(NAME, SCORE, HEADS)                                                    \
     B12X_KERNEL void __launch_bounds__(HP_DECODE_THREADS, 1)                                 \
-        b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {      \
+        b12x_indexer_tma_##NAME##_decode_h##HEADS(const __grid_constant__ HopperParams hp) { \
         idx_zero_select_state(hp.s);                                                         \
-        hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                 \
+        SCORE<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                    \
     }                                                                                        \
     B12X_KERNEL void __launch_bounds__(HP_PREFILL_THREADS, 1)                                \
-        b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {     \
-        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS,             \
-                 HP_PREFILL_UNIT, HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);              \
-    }                                                                                        \
-    B12X_KERNEL void __launch_bounds__(HP_PREFILL_THREADS, 1)                                \
-        b12x_indexer_tma_f16_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {     \
-        hp_score_exact_prefill<HEADS>(hp);                                                   \
+        b12x_indexer_tma_##NAME##_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {\
+        SCORE<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS, HP_PREFILL_UNIT, \
+              HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);                                  \
     }
+
+#define HOPPER_KERNELS(HEADS)             \
+    HOPPER_FLAVOR(fp8, hp_score, HEADS) \
+    HOPPER_FLAVOR(f16, hp_score_exact, HEADS)
 
 HOPPER_KERNELS(16)
 HOPPER_KERNELS(32)

@@ -269,14 +269,12 @@ def test_one_chunk_selection_edge_cases(width):
 FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
 
 
-def device_flavors(mode, *, fast=False):
-    """The exact MMA flavors this device runs in ``mode``: e4m3 mma.sync
-    (native on sm_89 / sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma
-    and for prefill tma_f16 (sm_90 only); with ``fast`` also the fast ones
-    (FAST_FLAVORS, sm_90 only)."""
+def device_flavors(*, fast=False):
+    """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
+    sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma and tma_f16 (sm_90
+    only); with ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
     if torch.cuda.get_device_capability() == (9, 0):
-        exact = ("e4m3", "f16", "wgmma") + (("tma_f16",) if mode == "prefill" else ())
-        return exact + (FAST_FLAVORS if fast else ())
+        return ("e4m3", "f16", "wgmma", "tma_f16") + (FAST_FLAVORS if fast else ())
     return ("e4m3", "f16")
 
 
@@ -330,7 +328,7 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
     expected = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
     limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
-    for flavor in device_flavors(mode):
+    for flavor in device_flavors():
         plan = plan_for(inputs, 512, mode=mode, supertile=1024, flavor=flavor)  # one chunk
         b, _, _ = bind_for(plan, inputs)
         di.run(b)
@@ -393,10 +391,9 @@ def test_every_mma_flavor(heads):
     lengths[0] = 0
     decode = make_case(rows, heads, width, lengths, seed=heads + 1)
     prefill = make_case(rows, heads, width, lengths, mode="prefill", seed=heads + 2)
-    for flavor in device_flavors("decode"):
+    for flavor in device_flavors():
         _, out, sc = run_case(decode, 512, supertile=1024, flavor=flavor)
         check(decode, 512, out, sc)
-    for flavor in device_flavors("prefill"):
         _, out, sc = run_case(prefill, 512, mode="prefill", supertile=1024, flavor=flavor)
         check(prefill, 512, out, sc)
 
@@ -426,7 +423,7 @@ def test_page_ids_past_the_cache_are_unmapped_and_reported(mode):
     cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
     logits = ref.paged_logits(**inputs)
     di.check("cuda")  # no earlier test left a record
-    for flavor in device_flavors(mode, fast=True):
+    for flavor in device_flavors(fast=True):
         # the fast flavor's logits are not the reference's: check only that every
         # selected index is a candidate (the near-tie tolerance covers the rest)
         tol = {} if flavor not in FAST_FLAVORS else {"tie_atol": math.inf, "score_atol": math.inf}

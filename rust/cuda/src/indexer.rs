@@ -415,7 +415,7 @@ pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
 }
 
 /// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
-const SCORERS: [[[Kernel; 4]; 5]; 2] = {
+const SCORERS: [[[Kernel; 4]; 6]; 2] = {
     use Kernel::*;
     [
         [
@@ -443,6 +443,12 @@ const SCORERS: [[[Kernel; 4]; 5]; 2] = {
                 IndexerTmaFp8DecodeH32,
                 IndexerTmaFp8DecodeH48,
                 IndexerTmaFp8DecodeH64,
+            ],
+            [
+                IndexerTmaF16DecodeH16,
+                IndexerTmaF16DecodeH32,
+                IndexerTmaF16DecodeH48,
+                IndexerTmaF16DecodeH64,
             ],
         ],
         [
@@ -476,26 +482,19 @@ const SCORERS: [[[Kernel; 4]; 5]; 2] = {
                 IndexerTmaFp8PrefillH48,
                 IndexerTmaFp8PrefillH64,
             ],
+            [
+                IndexerTmaF16PrefillH16,
+                IndexerTmaF16PrefillH32,
+                IndexerTmaF16PrefillH48,
+                IndexerTmaF16PrefillH64,
+            ],
         ],
     ]
 };
 
-/// The exact TMA-fed scorers (prefill only) by heads / 16.
-const TMA_F16_PREFILL: [Kernel; 4] = [
-    Kernel::IndexerTmaF16PrefillH16,
-    Kernel::IndexerTmaF16PrefillH32,
-    Kernel::IndexerTmaF16PrefillH48,
-    Kernel::IndexerTmaF16PrefillH64,
-];
-
-/// The scorer of `route` in `flavor` for `heads` heads; None where the
-/// flavor has none (tma_f16 decode: core never plans it, `MmaFlavor::serves`).
-fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Option<Kernel> {
+fn scorer(route: Route, flavor: MmaFlavor, heads: u32) -> Kernel {
     let tile = heads.div_ceil(16).clamp(1, 4) as usize - 1;
-    match flavor {
-        MmaFlavor::TmaF16 => (route == Route::SharedPrefill).then_some(TMA_F16_PREFILL[tile]),
-        _ => Some(SCORERS[route as usize][flavor as usize][tile]),
-    }
+    SCORERS[route as usize][flavor as usize][tile]
 }
 
 /// The MMA flavors whose scorers are loaded on `ordinal` (their module's
@@ -505,11 +504,10 @@ pub fn available_flavors(ordinal: u32) -> Result<Vec<MmaFlavor>> {
 }
 
 fn flavors_in(modules: &DeviceModules) -> Vec<MmaFlavor> {
-    // every scorer the flavor has (tma_f16: prefill's) is loaded
     let loaded = |f| {
-        [Route::PagedDecode, Route::SharedPrefill].iter().all(|&r| {
-            (16..=MAX_HEADS).step_by(16).all(|h| scorer(r, f, h).is_none_or(|k| modules.has(k)))
-        })
+        [Route::PagedDecode, Route::SharedPrefill]
+            .iter()
+            .all(|&r| (16..=MAX_HEADS).step_by(16).all(|h| modules.has(scorer(r, f, h))))
     };
     MmaFlavor::ALL.into_iter().filter(|&f| loaded(f)).collect()
 }
@@ -572,17 +570,17 @@ fn hopper_part(block_rows: u32) -> (u32, u32) {
     }
 }
 
-/// Dynamic shared memory of the exact TMA-fed prefill scorer (mirrors
-/// `HpExactSmem` in kernels/indexer_hopper.cu; the kernel traps if given
-/// less): the K ring and its scales, each consumer warpgroup's f16 Q (its
-/// block rows' heads, 256 bytes each) and halved weights, the page ids, the
-/// ring's barriers and the work scan.
-pub fn hopper_exact_shared_bytes(heads_padded: u32) -> u32 {
-    let stages = HOPPER_PREFILL_STAGES;
-    let consumers = HOPPER_PREFILL_THREADS / 128 - 1;
-    let n = TMA_PREFILL_BLOCK_ROWS / consumers * heads_padded; // B rows of a warpgroup
-    let q = consumers * n * 2 * HEAD_DIM;
-    let weights = consumers * 4 * (n / 8 + 2) * 2 * 4;
+/// Dynamic shared memory of the exact TMA-fed scorers (mirrors `HpExactSmem`
+/// in kernels/indexer_hopper.cu; the kernel traps if given less): the K ring
+/// and its scales and ids, the f16 Q (256 bytes a head) and halved weights of
+/// each group that stages them (prefill: each consumer warpgroup, its rows of
+/// the block; decode: one, the row), the ring's barriers and the work scan.
+pub fn hopper_exact_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
+    let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
+    let groups = if block_rows == 1 { 1 } else { HOPPER_PREFILL_THREADS / 128 - 1 };
+    let n = block_rows / groups * heads_padded; // B rows of a group
+    let q = groups * n * 2 * HEAD_DIM;
+    let weights = groups * 4 * (n / 8 + 2) * 2 * 4;
     let k = stages * PAGE_SIZE * HEAD_DIM;
     let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
     let barriers = 2 * stages * 8;
@@ -622,17 +620,16 @@ impl LaunchRecipe {
         let heads_padded = plan.heads_padded();
         let fp8 = flavor == MmaFlavor::WgmmaFp8;
         let grid = match (route, flavor) {
-            (_, MmaFlavor::TmaFp8) => {
+            (_, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16) => {
                 let block_rows =
                     if route == Route::PagedDecode { 1 } else { TMA_PREFILL_BLOCK_ROWS };
-                let shared_bytes = hopper_shared_bytes(heads_padded, block_rows);
+                let shared_bytes = if flavor == MmaFlavor::TmaF16 {
+                    hopper_exact_shared_bytes(heads_padded, block_rows)
+                } else {
+                    hopper_shared_bytes(heads_padded, block_rows)
+                };
                 ScorerGrid::Tma { shared_bytes, heads_padded, block_rows }
             }
-            (_, MmaFlavor::TmaF16) => ScorerGrid::Tma {
-                shared_bytes: hopper_exact_shared_bytes(heads_padded),
-                heads_padded,
-                block_rows: TMA_PREFILL_BLOCK_ROWS,
-            },
             (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
                 let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
                 ScorerGrid::DecodeRows { block: WGMMA_THREADS, shared_bytes }
@@ -653,14 +650,7 @@ impl LaunchRecipe {
         Ok(LaunchRecipe {
             status: modules.status,
             multiprocessors: sms,
-            scorer: scorer(route, flavor, plan.caps().num_q_heads).ok_or_else(|| {
-                CudaError::Core(b12x_core::Error::InvalidValue {
-                    op: "plan",
-                    operand: "mma_flavor".into(),
-                    expected: format!("a flavor with a {} scorer", route.name()).into(),
-                    got: format!("{:?}", flavor.name()),
-                })
-            })?,
+            scorer: scorer(route, flavor, plan.caps().num_q_heads),
             grid,
             fold_few: fold(sms),
             fold_many: fold(sms + 1),
@@ -1016,7 +1006,7 @@ pub unsafe fn launch_indexer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use b12x_core::indexer::{Mode, Precision, HEAD_TILE, SCALE_OFFSET};
+    use b12x_core::indexer::{Precision, HEAD_TILE, SCALE_OFFSET};
 
     /// `#define NAME value` of the kernel sources, where the value is a
     /// literal, another define, or a product of those (in parentheses).
@@ -1262,14 +1252,18 @@ mod tests {
 
     #[test]
     fn exact_tma_shapes() {
-        // 64 heads: 8 x 8 KiB ring, two warpgroups' f16 Q (4 rows x 64 heads x
-        // 256 bytes each), 8 stages' scales and ids, both warpgroups' weights
+        // prefill, 64 heads: 8 x 8 KiB ring, two warpgroups' f16 Q (4 rows x 64
+        // heads x 256 bytes each), 8 stages' scales and ids, both warpgroups' weights
         // (4 lanes x 34 pairs x 8 bytes), 16 barriers, the scan, the alignment.
         let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 128;
         let expect = 65536 + 131072 + 8 * 260 + 2 * 1088 + 128 + scan + 1024;
-        assert_eq!(hopper_exact_shared_bytes(64), expect);
+        assert_eq!(hopper_exact_shared_bytes(64, TMA_PREFILL_BLOCK_ROWS), expect);
         // under the H200's opt-in limit, with room for the kernel's own alignment
-        assert!(hopper_exact_shared_bytes(64) <= 232_448, "{expect}");
+        assert!(expect <= 232_448, "{expect}");
+        // decode: 16 x 8 KiB ring, one row's f16 Q (64 heads x 256 bytes), one
+        // set of weights (4 lanes x 10 pairs x 8 bytes), 32 barriers
+        let expect = 131072 + 16384 + 16 * 260 + 320 + 256 + scan + 1024;
+        assert_eq!(hopper_exact_shared_bytes(64, 1), expect);
     }
 
     #[test]
@@ -1278,12 +1272,7 @@ mod tests {
             for flavor in MmaFlavor::ALL {
                 let tag = flavor.name();
                 for (heads, tile) in [(1, 16), (16, 16), (17, 32), (48, 48), (64, 64)] {
-                    let Some(kernel) = scorer(route, flavor, heads) else {
-                        // only the exact TMA flavor lacks a route: decode
-                        assert_eq!((flavor, route), (MmaFlavor::TmaF16, Route::PagedDecode));
-                        continue;
-                    };
-                    let symbol = kernel.symbol();
+                    let symbol = scorer(route, flavor, heads).symbol();
                     let flavor_first = matches!(
                         flavor,
                         MmaFlavor::Wgmma
@@ -1308,12 +1297,10 @@ mod tests {
     fn default_flavors_run_where_they_are_picked() {
         for cc in [(8, 9), (9, 0), (10, 0), (12, 0)] {
             for precision in [Precision::Exact, Precision::Fast] {
-                for (route, mode) in
-                    [(Route::PagedDecode, Mode::Decode), (Route::SharedPrefill, Mode::Prefill)]
-                {
-                    let flavor = MmaFlavor::for_device(cc, precision, mode);
+                let flavor = MmaFlavor::for_device(cc, precision);
+                for route in [Route::PagedDecode, Route::SharedPrefill] {
                     for f in [flavor, flavor.fallback()] {
-                        let kernel = scorer(route, f, 64).expect("a default flavor has the route");
+                        let kernel = scorer(route, f, 64);
                         assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
                     }
                 }

@@ -53,10 +53,10 @@ pub enum MmaFlavor {
     /// persistent CTAs (kernels/indexer_hopper.cu, sm_90a only). Serves plans
     /// of at most [`TMA_MAX_ROW_BLOCKS`] row blocks.
     TmaFp8,
-    /// The exact flavor of that pipeline, prefill only: the TMA-fed K pages
-    /// widened to f16 in registers (A), the rows' Q staged as f16 (B),
-    /// `wgmma m64nNk16 .f16` with fp32 accumulation, as [`MmaFlavor::Wgmma`].
-    /// Same row-block bound as [`MmaFlavor::TmaFp8`].
+    /// The exact flavor of that pipeline: the TMA-fed K pages widened to f16
+    /// in registers (A), the rows' Q staged as f16 (B), `wgmma m64nNk16 .f16`
+    /// with fp32 accumulation, as [`MmaFlavor::Wgmma`]. Same row-block bound
+    /// as [`MmaFlavor::TmaFp8`].
     TmaF16,
 }
 
@@ -95,35 +95,27 @@ impl MmaFlavor {
         })
     }
 
-    /// The flavor a plan picks for a device of compute capability `cc` in
-    /// `mode`: the fastest measured there that meets `precision` (rust/cuda's
-    /// module table says where each runs). Only Hopper has a faster, inexact
-    /// path; its exact TMA-fed scorer is prefill's.
-    pub fn for_device(cc: (u32, u32), precision: Precision, mode: Mode) -> MmaFlavor {
-        match (cc, precision, mode) {
-            ((8, 9) | (12, _), _, _) => MmaFlavor::E4m3,
-            ((9, 0), Precision::Exact, Mode::Decode) => MmaFlavor::Wgmma,
-            ((9, 0), Precision::Exact, Mode::Prefill) => MmaFlavor::TmaF16,
-            ((9, 0), Precision::Fast, _) => MmaFlavor::TmaFp8,
+    /// The flavor a plan picks for a device of compute capability `cc`: the
+    /// fastest measured there that meets `precision` (rust/cuda's module
+    /// table says where each runs). Only Hopper has a faster, inexact path.
+    pub fn for_device(cc: (u32, u32), precision: Precision) -> MmaFlavor {
+        match (cc, precision) {
+            ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
+            ((9, 0), Precision::Exact) => MmaFlavor::TmaF16,
+            ((9, 0), Precision::Fast) => MmaFlavor::TmaFp8,
             _ => MmaFlavor::F16,
         }
     }
 
     /// Whether this flavor's scorers serve a plan of `rows` query rows in
-    /// `mode`: the TMA scorers' work scan holds a bounded number of row
-    /// blocks, and the exact one has no decode scorer.
+    /// `mode` (the TMA scorers' work scan holds a bounded number of row blocks).
     pub fn serves(self, mode: Mode, rows: u32) -> bool {
         let block_rows = match mode {
             Mode::Decode => 1,
             Mode::Prefill => TMA_PREFILL_BLOCK_ROWS,
         };
-        match self {
-            MmaFlavor::TmaFp8 => rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS,
-            MmaFlavor::TmaF16 => {
-                mode == Mode::Prefill && rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
-            }
-            _ => true,
-        }
+        !matches!(self, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16)
+            || rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
     }
 
     /// What runs where this flavor does not serve a plan: the wgmma scorer
@@ -267,7 +259,7 @@ impl Plan {
                     operand: "mma_flavor".into(),
                     expected: format!(
                         "a flavor that serves {} {} rows (tma_fp8, tma_f16: at most {} row \
-                         blocks; tma_f16: prefill only)",
+                         blocks)",
                         caps.max_q_rows,
                         caps.mode.name(),
                         TMA_MAX_ROW_BLOCKS
@@ -278,8 +270,7 @@ impl Plan {
             }
             (true, Some(forced)) => Some(forced),
             (true, None) => {
-                let best =
-                    MmaFlavor::for_device(device.compute_capability, caps.precision, caps.mode);
+                let best = MmaFlavor::for_device(device.compute_capability, caps.precision);
                 // The TMA scorers past their row-block bound: the wgmma ones.
                 Some(if best.serves(caps.mode, caps.max_q_rows) { best } else { best.fallback() })
             }
@@ -571,24 +562,25 @@ mod tests {
     }
 
     #[test]
-    fn exact_prefill_on_hopper_takes_the_tma_f16_scorer_where_it_serves() {
+    fn exact_on_hopper_takes_the_tma_f16_scorers_where_they_serve() {
         let on = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
         let exact = |rows, mode| caps(64, rows, 8, 512, 0, mode);
         let flavor = |rows, mode| Plan::new(&exact(rows, mode), &on).unwrap().mma_flavor();
-        assert_eq!(flavor(4096, Mode::Prefill), Some(MmaFlavor::TmaF16));
+        // decode blocks are one row, prefill blocks eight
+        assert_eq!(flavor(4096, Mode::Decode), Some(MmaFlavor::TmaF16));
         assert_eq!(flavor(32768, Mode::Prefill), Some(MmaFlavor::TmaF16));
         // past the work scan's row blocks: the wgmma scorer of the same precision
+        assert_eq!(flavor(5120, Mode::Decode), Some(MmaFlavor::Wgmma));
         assert_eq!(flavor(40960, Mode::Prefill), Some(MmaFlavor::Wgmma));
-        // decode keeps the wgmma scorer: tma_f16 has none
-        assert_eq!(flavor(64, Mode::Decode), Some(MmaFlavor::Wgmma));
         assert!(MmaFlavor::TmaF16.is_exact());
+        assert_eq!(MmaFlavor::TmaF16.fallback(), MmaFlavor::Wgmma);
         assert_eq!(MmaFlavor::parse("tma_f16").unwrap(), MmaFlavor::TmaF16);
         let forced = PlanOptions { mma_flavor: Some(MmaFlavor::TmaF16), ..PlanOptions::default() };
-        let err = Plan::with_options(&exact(64, Mode::Decode), &on, &forced).unwrap_err();
-        assert!(err.to_string().contains("tma_f16: prefill only"), "{err}");
-        let p = Plan::with_options(&exact(4096, Mode::Prefill), &on, &forced).unwrap();
+        let err = Plan::with_options(&exact(40960, Mode::Prefill), &on, &forced).unwrap_err();
+        assert!(err.to_string().contains("serves 40960 prefill rows"), "{err}");
+        let p = Plan::with_options(&exact(64, Mode::Decode), &on, &forced).unwrap();
         assert!(p.to_string().ends_with("mma_flavor=tma_f16"), "{p}");
-        // elsewhere exact prefill keeps its flavor
+        // elsewhere exact keeps its flavor
         let off = DeviceFacts { multiprocessors: 132, compute_capability: (12, 0) };
         let p = Plan::new(&exact(4096, Mode::Prefill), &off).unwrap();
         assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
@@ -599,7 +591,7 @@ mod tests {
         let c = caps(64, 1, 8, 512, 0, Mode::Decode);
         let on = |cc| DeviceFacts { multiprocessors: 132, compute_capability: cc };
         let flavor = |cc| Plan::new(&c, &on(cc)).unwrap().mma_flavor();
-        assert_eq!(flavor((9, 0)), Some(MmaFlavor::Wgmma));
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::TmaF16));
         assert_eq!(flavor((8, 9)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));
