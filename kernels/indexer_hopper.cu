@@ -60,6 +60,7 @@
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
+#define HP_CONSUMERS_BARRIER 3  // named barrier of a decode CTA's consumer warpgroups (prefill: 1, 2)
 // A CTA's roles: its threads, and the registers per thread after the
 // warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
 // launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
@@ -115,7 +116,9 @@ struct HpSmem {
     // full_k[STAGES], empty_k[STAGES], full_q[2], empty_q[2]
     static constexpr u32 PREFIX = BAR + (2 * STAGES + 4) * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
-    static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
+    // decode: the first level's histogram of the segment's row (ScoreParams::hist)
+    static constexpr u32 HIST = WARP_SUMS + 32 * 4;
+    static constexpr u32 BYTES = HIST + (RPB == 1 ? IDX_HIST_BINS * 4 : 0);
     static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
     static_assert(Q_PART % 1024 == 0, "Q parts stay on the swizzle period");
     static_assert(RPB % PART_ROWS == 0, "whole parts");
@@ -509,6 +512,19 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     // Descriptors advance by address / 16 (the start field): K stage st and
     // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
     const u64 k_desc = hp_desc(base + L::K);
+    // Decode's histogram of the first selection level (ScoreParams::hist):
+    // this CTA counts each segment's keys in shared memory, then adds the
+    // nonzero bins to the row's state, once the kernel that cleared the state
+    // (this grid's programmatic predecessor) is complete.
+    const bool count = !PREFILL && p.hist != nullptr;
+    u32* hist = reinterpret_cast<u32*>(smem + L::HIST);
+    constexpr u32 CT = 128 * CONSUMERS;  // consumer threads
+    const u32 ct = threadIdx.x - 128;
+    if (count) {
+        for (u32 b = ct; b < IDX_HIST_BINS; b += CT) hist[b] = 0u;
+        pdl_wait();
+        group_barrier(HP_CONSUMERS_BARRIER, CT);
+    }
     u32 kit = 0, sit = 0;
     hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
@@ -608,8 +624,14 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
 #pragma unroll
             for (int m = 0; m < OUTS; ++m)
-                if (lane_out.stores && t < my_n[m])
-                    out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
+                if (lane_out.stores && t < my_n[m]) {
+                    const float v = pid >= 0 ? val[m] * sc : skip;
+                    out[m][page * IDX_PAGE_ROWS] = v;
+                    if constexpr (!PREFILL) {
+                        const u32 key = count ? sel_key(v) : 0u;
+                        if (key != 0u) atomicAdd(&hist[key >> 21], 1u);
+                    }
+                }
         };
         if constexpr (!PREFILL) {
             // Pages round-robin over the warpgroups, one at a time.
@@ -625,6 +647,20 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 float x[2 * QR] = {};
                 accumulate(Int<0>{}, x);
                 store(page, x, pid, sc);
+            }
+            if (count) {
+                // every warpgroup's counts of this segment are in; the row's
+                // histogram takes them, and the next segment starts from zero
+                group_barrier(HP_CONSUMERS_BARRIER, CT);
+                u32* row_hist = p.hist + (u64)br.row0 * IDX_SELECT_STATE_WORDS;
+                for (u32 b = ct; b < IDX_HIST_BINS; b += CT) {
+                    const u32 c = hist[b];
+                    if (c != 0u) {
+                        atomicAdd(&row_hist[b], c);
+                        hist[b] = 0u;
+                    }
+                }
+                group_barrier(HP_CONSUMERS_BARRIER, CT);
             }
         } else {
             // Every page, in runs of R pages whose parts roll: each part's
@@ -680,6 +716,15 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
         hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS,             \
                  HP_PREFILL_UNIT, HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);              \
     }
+
+// Clears the grid selection's row state before a decode scorer that counts
+// into it (ScoreParams::hist). That scorer is this grid's programmatic
+// dependent: it starts at once and waits for this grid only before its
+// first add, so nothing of the call waits for the clearing but those adds.
+B12X_KERNEL void __launch_bounds__(1024, 1) b12x_indexer_zero_state(const ScoreParams p) {
+    pdl_launch_dependents();
+    idx_zero_select_state(p);
+}
 
 HOPPER_KERNELS(16)
 HOPPER_KERNELS(32)
