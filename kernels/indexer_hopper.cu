@@ -721,7 +721,10 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 // into it (ScoreParams::hist). That scorer is this grid's programmatic
 // dependent: it starts at once and waits for this grid only before its
 // first add, so nothing of the call waits for the clearing but those adds.
-B12X_KERNEL void __launch_bounds__(1024, 1) b12x_indexer_zero_state(const ScoreParams p) {
+// Small CTAs (ZERO_STATE_THREADS in rust/cuda/src/indexer.rs), so that one
+// fits an SM beside a scorer CTA's 640 threads at 96 registers.
+#define IDX_ZERO_STATE_THREADS 128
+B12X_KERNEL void __launch_bounds__(IDX_ZERO_STATE_THREADS) b12x_indexer_zero_state(const ScoreParams p) {
     pdl_launch_dependents();
     idx_zero_select_state(p);
 }

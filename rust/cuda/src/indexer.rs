@@ -256,8 +256,9 @@ fn grid_select_kernel(per: u32, prehist: bool) -> Kernel {
     }
 }
 
-/// Threads of a `b12x_indexer_zero_state` CTA (its launch bound).
-const ZERO_STATE_THREADS: u32 = 1024;
+/// Threads of a `b12x_indexer_zero_state` CTA (`IDX_ZERO_STATE_THREADS`, its
+/// launch bound): small, so that it fits an SM beside a decode scorer CTA.
+const ZERO_STATE_THREADS: u32 = 128;
 
 /// Bins of the selections' first level (`IDX_HIST_BINS`): a key's top 11 bits.
 const SELECT_HIST_BINS: u32 = 2048;
@@ -1102,6 +1103,7 @@ mod tests {
             ("SEL_BINS", SELECT_HIST_BINS as u64),
             ("IDX_HIST_BINS", SELECT_HIST_BINS as u64),
             ("IDX_SELECT_STATE_WORDS", SELECT_STATE_WORDS),
+            ("IDX_ZERO_STATE_THREADS", ZERO_STATE_THREADS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");
         }
