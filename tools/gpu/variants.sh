@@ -3,7 +3,9 @@
 #   tools/gpu/variants.sh NAME=WHEEL [NAME=WHEEL ...]
 # For each wheel in turn (TESTS=1, the default): install it and run the
 # indexer's GPU tests. Then ROUNDS times (default 2) for each wheel: install it
-# and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`.
+# and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
+# with $BENCH_ARGS added (e.g. "--flavor-arms wgmma": a forced-flavor arm in
+# the same interleaved run).
 # Logs and JSON go to $RESULTS (default gpu-results/), packed into
 # $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column.
 source "$(dirname "$0")/common.sh" ""
@@ -25,8 +27,9 @@ fi
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!NAMES[@]}"; do
     install "${WHEELS[$i]}"
+    # shellcheck disable=SC2086  # CASES and BENCH_ARGS are word lists
     TAIL=1 step "bench_${NAMES[$i]}-$r" 300 b12x bench indexer --no-torch --no-deepgemm \
-      --cases $CASES --json "$RESULTS/${NAMES[$i]}-$r.json"
+      --cases $CASES ${BENCH_ARGS:-} --json "$RESULTS/${NAMES[$i]}-$r.json"
   done
 done
 tar -C "$RESULTS" -cJf "$RESULTS/variants.tar.xz" --exclude variants.tar.xz .
