@@ -564,6 +564,10 @@ pub struct LaunchRecipe {
     /// the first level's histogram into it as it writes the logits, and the
     /// selection starts from that histogram (`gselect_pre`).
     prehist: bool,
+    /// `b12x_indexer_zero_state` is loaded (Hopper): a top-k-only call
+    /// clears the grid selection's state with it, the selection its
+    /// programmatic dependent, where other devices take a memset.
+    zero_kernel: bool,
     physical: bool,
     stages: Stages,
 }
@@ -685,6 +689,7 @@ impl LaunchRecipe {
                 && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
                 && modules.has(Kernel::IndexerSelectP4),
             grid_select: plan.grid_select_state() && modules.has(Kernel::IndexerGridSelectP4),
+            zero_kernel: modules.has(Kernel::IndexerZeroState),
             prehist: route == Route::PagedDecode
                 && matches!(flavor, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16)
                 && modules.has(Kernel::IndexerZeroState)
@@ -848,6 +853,31 @@ impl BoundMaps {
     }
 }
 
+/// Enqueues `b12x_indexer_zero_state` over `score.zero_words` words at
+/// `score.zero` (the grid selection's row state): a CTA per 512 words, at
+/// most one per SM; it lets its dependent launch at once.
+///
+/// # Safety
+/// `score.zero` must be `score.zero_words` writable words of the device.
+unsafe fn launch_zero_state(
+    device: u32,
+    score: &mut ScoreParams,
+    recipe: &LaunchRecipe,
+    stream: u64,
+) -> Result<()> {
+    let ctas = score.zero_words.div_ceil(ZERO_STATE_THREADS * 4).clamp(1, recipe.multiprocessors);
+    let config = LaunchConfig {
+        grid: (ctas, 1, 1),
+        block: (ZERO_STATE_THREADS, 1, 1),
+        shared_bytes: 0,
+        cluster: 1,
+        dependent: false,
+    };
+    let mut args = [std::ptr::addr_of_mut!(*score) as *mut c_void];
+    // SAFETY: ScoreParams mirrors the kernel's struct; the caller vouches for `zero`.
+    unsafe { launch(device, Kernel::IndexerZeroState, config, stream, &mut args) }
+}
+
 /// Enqueues the whole indexer call of `b` on `stream` (a CUstream of the
 /// binding's device) as `recipe` (the binding's plan's) says: no allocation,
 /// no sync. A call with zero rows enqueues nothing.
@@ -969,19 +999,8 @@ pub unsafe fn launch_indexer(
         if recipe.stages.scores() {
             if prehist {
                 // The clearing kernel; the scorer is its programmatic dependent.
-                let mut zargs = [std::ptr::addr_of_mut!(score) as *mut c_void];
-                let ctas =
-                    zero_words.div_ceil(ZERO_STATE_THREADS * 4).clamp(1, recipe.multiprocessors);
-                let zcfg = LaunchConfig {
-                    grid: (ctas, 1, 1),
-                    block: (ZERO_STATE_THREADS, 1, 1),
-                    shared_bytes: 0,
-                    cluster: 1,
-                    dependent: false,
-                };
-                // SAFETY: ScoreParams mirrors the kernel's struct; `zero` is the
-                // binding's row state, `zero_words` words.
-                unsafe { launch(a.device, Kernel::IndexerZeroState, zcfg, stream, &mut zargs)? };
+                // SAFETY: `score` holds the binding's row state, `zero_words` words.
+                unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
             }
             score.chunk_start = c * s;
             let mut args = match hopper.as_mut() {
@@ -1022,7 +1041,12 @@ pub unsafe fn launch_indexer(
             // start; the selection waits for its logits in griddepcontrol.wait).
             let (kernel, cfg) = match grid_select {
                 Some((parts, per)) => {
-                    if !recipe.stages.scores() {
+                    if !recipe.stages.scores() && recipe.zero_kernel {
+                        // The clearing kernel, the selection its programmatic
+                        // dependent (it reads the state past its pdl_wait).
+                        // SAFETY: `score` holds the binding's row state, `zero_words` words.
+                        unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
+                    } else if !recipe.stages.scores() {
                         // SAFETY: the row state is the binding's scratch, `zero_words` words.
                         unsafe { memset_u32(a.device, state, zero_words, stream)? };
                     }
