@@ -812,10 +812,11 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
 //     each warpgroup its 4 rows (a "group" of 128 threads, its own buffers),
 //     decode all four warpgroups the one row (one group of 512 threads);
 //   * prefill: every page by both warpgroups, in two parts of 2 rows
-//     (N = 2 x heads, eight k16 MMAs, a commit group each), part 0's
-//     epilogue (relu * weight) under part 1's MMAs, the other warpgroup's
-//     MMAs under this one's part-1 epilogue; decode: the pages round-robin
-//     over the warpgroups, one part of N = heads, as the fast decode scorer.
+//     (N = 2 x heads, eight k16 MMAs, a commit group each) that roll through
+//     runs of HP_PREFILL_RUN pages: part 0's epilogue (relu * weight) under
+//     part 1's MMAs, part 1's under the next page's part 0; decode: the pages
+//     round-robin over the warpgroups, one part of N = heads, as the fast
+//     decode scorer.
 // Every page ends with no MMA in flight (ptxas serialises a group pending
 // across a loop's back edge).
 template <int HP, int RPB, int QR, int STAGES, int CONSUMERS>
@@ -948,33 +949,76 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
         }
         fence_proxy_async_shared();  // Q, read by wgmma after the barrier
         group_barrier(1 + group, L::GROUP_THREADS);
-        for (u32 page = pb; page < pe; ++page, ++kit) {
-            if (!PREFILL && kit % CONSUMERS != wg) continue;  // decode: pages in turn
-            const u32 st = kit % STAGES;
-            mbar_wait(bars.full_k(st), (kit / STAGES) & 1);
+        // Page k's stage: its A fragments (the stage released), id and scale.
+        auto load_page = [&](u32 k, i32& pid, float& sc) {
+            const u32 st = k % STAGES;
+            mbar_wait(bars.full_k(st), (k / STAGES) & 1);
             u32 w0[8], w1[8];
             f16_lane_words(smem + L::K + st * HP_PAGE_K_BYTES, t_lo, tig, w0, w1);
-            const i32 pid = pids[st];
-            const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
+            pid = pids[st];
+            sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
             mbar_arrive(bars.empty_k(st));  // the stage is read: A lives in registers
 #pragma unroll
             for (int s = 0; s < 8; ++s) f16_a_fragment(w0, w1, s, a[s]);
-            issue(Int<0>{});
-            float x[2 * QR] = {};
-            if constexpr (PARTS == 2) {
-                issue(Int<1>{});
-                hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
-                accumulate(Int<0>{}, x);
-            }
-            hp_wgmma_wait<0>();
-            // a[] is read by the last part's MMAs until here: keep its
-            // registers from being reused before the wait said so.
+        };
+        // a[] is read by MMAs in flight until a wait says they are done: keep
+        // its registers from being reused before that.
+        auto keep_a = [&] {
 #pragma unroll
             for (int s = 0; s < 8; ++s)
                 asm volatile("" : "+r"(a[s][0]), "+r"(a[s][1]), "+r"(a[s][2]), "+r"(a[s][3])
                              :: "memory");
-            accumulate(Int<PARTS - 1>{}, x);
-            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
+        };
+        if constexpr (PREFILL) {
+            // Runs of R pages whose parts roll: part 0's epilogue under part
+            // 1's MMAs, part 1's under the next page's part 0 (its A loaded
+            // once part 1 is done). No MMA is in flight from one run to the
+            // next: where one is, across a loop's back edge, ptxas
+            // serialises them all.
+            auto run = [&](auto pages, u32 page0) {
+                constexpr int R = decltype(pages)::value;
+                i32 pid;
+                float sc;
+                load_page(kit, pid, sc);
+                issue(Int<0>{});
+                issue(Int<1>{});
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    float x[2 * QR] = {};
+                    hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
+                    accumulate(Int<0>{}, x);
+                    hp_wgmma_wait<0>();  // part 1: a[] is free
+                    keep_a();
+                    const i32 pid_i = pid;
+                    const float sc_i = sc;
+                    if (i + 1 < R) {
+                        load_page(kit + i + 1, pid, sc);
+                        issue(Int<0>{});
+                    }
+                    accumulate(Int<1>{}, x);
+                    mine.reduce_store(lane_out, tig, page0 + i, x, pid_i, sc_i, skip, nullptr);
+                    if (i + 1 < R) issue(Int<1>{});
+                }
+                kit += R;
+            };
+            u32 page = pb;
+            for (; page + HP_PREFILL_RUN <= pe; page += HP_PREFILL_RUN)
+                run(Int<HP_PREFILL_RUN>{}, page);
+            for (; page < pe; ++page) run(Int<1>{}, page);
+        } else {
+            // Pages round-robin over the warpgroups, one at a time.
+            for (u32 page = pb; page < pe; ++page, ++kit) {
+                if (kit % CONSUMERS != wg) continue;
+                i32 pid;
+                float sc;
+                load_page(kit, pid, sc);
+                issue(Int<0>{});
+                float x[2 * QR] = {};
+                hp_wgmma_wait<0>();
+                keep_a();
+                accumulate(Int<0>{}, x);
+                mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
+            }
         }
         if (count) hp_hist_flush<CT>(p, hist, br.row0, threadIdx.x - 128);
     });
