@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Variant rounds of the indexer: wheels measured alternately in one call.
 #   tools/gpu/variants.sh NAME=WHEEL [NAME=WHEEL ...]
-# For each wheel in turn (TESTS=1, the default): install it and run the
-# indexer's GPU tests. Then ROUNDS times (default 2) for each wheel: install it
+# For each wheel in turn (TESTS=1, the default; TESTS=0: none; or the NAMEs
+# whose tests run, e.g. TESTS="tp": the tests are the checked-out tree's, which
+# only that wheel's branch may pass): install it and run the indexer's GPU
+# tests. Then ROUNDS times (default 2) for each wheel: install it
 # and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
 # with $BENCH_ARGS added (e.g. "--flavor-arms wgmma": a forced-flavor arm in
 # the same interleaved run).
@@ -17,13 +19,19 @@ for spec in "$@"; do
   WHEELS+=("${spec#*=}")
 done
 install() { python3 -m pip install -q --no-deps --force-reinstall "$1" 2>&1 | tail -1; }
-if [ "${TESTS:-1}" = 1 ]; then
-  for i in "${!NAMES[@]}"; do
-    install "${WHEELS[$i]}"
-    TAIL=3 step "test_${NAMES[$i]}" 300 bash -c \
-      'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
-  done
-fi
+tested() {  # whether wheel NAME's tests run (TESTS)
+  case "${TESTS:-1}" in
+    1) return 0 ;;
+    0) return 1 ;;
+    *) [[ " $TESTS " == *" $1 "* ]] ;;
+  esac
+}
+for i in "${!NAMES[@]}"; do
+  tested "${NAMES[$i]}" || continue
+  install "${WHEELS[$i]}"
+  TAIL=3 step "test_${NAMES[$i]}" 300 bash -c \
+    'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
+done
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!NAMES[@]}"; do
     install "${WHEELS[$i]}"
