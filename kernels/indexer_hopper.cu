@@ -43,6 +43,8 @@
 // segment list (block, page range); a block's Q (and the consumers' weights)
 // is loaded once per segment, double-buffered.
 #include "indexer_common.cuh"
+#include "wgmma_f16.cuh"
+#include "wgmma_f16_operands.cuh"
 #include "wgmma_fp8_ss.cuh"
 
 #define HP_DECODE_CONSUMERS 4
@@ -60,6 +62,7 @@
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
+#define HP_CONSUMERS_BARRIER 3  // named barrier of a decode CTA's consumer warpgroups (prefill: 1, 2)
 // A CTA's roles: its threads, and the registers per thread after the
 // warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
 // launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
@@ -115,7 +118,9 @@ struct HpSmem {
     // full_k[STAGES], empty_k[STAGES], full_q[2], empty_q[2]
     static constexpr u32 PREFIX = BAR + (2 * STAGES + 4) * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
-    static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
+    // decode: the first level's histogram of the segment's row (ScoreParams::hist)
+    static constexpr u32 HIST = WARP_SUMS + 32 * 4;
+    static constexpr u32 BYTES = HIST + (RPB == 1 ? IDX_HIST_BINS * 4 : 0);
     static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
     static_assert(Q_PART % 1024 == 0, "Q parts stay on the swizzle period");
     static_assert(RPB % PART_ROWS == 0, "whole parts");
@@ -289,6 +294,79 @@ __device__ __forceinline__ void hp_segments(const ScoreParams& p, const u32* pre
     }
 }
 
+// Decode's histogram of the first selection level (ScoreParams::hist,
+// LaunchRecipe::prehist): the scorer CTA counts each segment's keys in
+// shared memory (`hist`, IDX_HIST_BINS words; LaneRows::store), then adds
+// the nonzero bins to the row's state once the kernel that cleared it (this
+// grid's programmatic predecessor) is complete. CT consumer threads, ct
+// their index, call both.
+template <u32 CT>
+__device__ __forceinline__ void hp_hist_begin(u32* hist, u32 ct) {
+    for (u32 b = ct; b < IDX_HIST_BINS; b += CT) hist[b] = 0u;
+    pdl_wait();
+    group_barrier(HP_CONSUMERS_BARRIER, CT);
+}
+
+// At a segment's end: every consumer's counts of it are in; the row's
+// histogram takes them, and the next segment starts from zero.
+template <u32 CT>
+__device__ __forceinline__ void hp_hist_flush(const ScoreParams& p, u32* hist, u32 row, u32 ct) {
+    group_barrier(HP_CONSUMERS_BARRIER, CT);
+    u32* row_hist = p.hist + (u64)row * IDX_SELECT_STATE_WORDS;
+    for (u32 b = ct; b < IDX_HIST_BINS; b += CT) {
+        const u32 c = hist[b];
+        if (c != 0u) {
+            atomicAdd(&row_hist[b], c);
+            hist[b] = 0u;
+        }
+    }
+    group_barrier(HP_CONSUMERS_BARRIER, CT);
+}
+
+// The logits a consumer lane stores in a segment: rows row0 + lane_out.row
+// + 2 m (m < OUTS), token lane_out.token of each page; their chunk tokens
+// bound the stores.
+template <int OUTS, int R>
+struct LaneRows {
+    u32 n[OUTS];
+    float* out[OUTS];
+    __device__ __forceinline__ LaneRows(const ScoreParams& p, u32 row0, const QuadLogit<R>& lo) {
+#pragma unroll
+        for (int m = 0; m < OUTS; ++m) {
+            const u32 my_row = row0 + lo.row + 2 * m;
+            n[m] = hp_chunk_tokens(p, my_row);
+            out[m] = p.logits + (u64)my_row * p.logits_row_stride + lo.token;
+        }
+    }
+    // Page `page`'s logits val[m] times its token's scale, or "not a
+    // candidate" on an unmapped page; with `hist` (decode's first selection
+    // level, hp_hist_*), each stored candidate's key is counted there too.
+    __device__ __forceinline__ void store(const QuadLogit<R>& lo, u32 page,
+                                          const float (&val)[OUTS], i32 pid, float sc,
+                                          float skip, u32* hist) const {
+        const u32 t = page * IDX_PAGE_ROWS + lo.token;  // chunk-local
+#pragma unroll
+        for (int m = 0; m < OUTS; ++m)
+            if (lo.stores && t < n[m]) {
+                const float v = pid >= 0 ? val[m] * sc : skip;
+                out[m][page * IDX_PAGE_ROWS] = v;
+                const u32 key = hist != nullptr ? sel_key(v) : 0u;
+                if (key != 0u) atomicAdd(&hist[key >> 21], 1u);
+            }
+    }
+    // The same from this lane's shares x of the quad's 2 R sums.
+    __device__ __forceinline__ void reduce_store(const QuadLogit<R>& lo, u32 tig, u32 page,
+                                                 const float (&x)[2 * R], i32 pid, float sc,
+                                                 float skip, u32* hist) const {
+        float val[OUTS];
+        if constexpr (R == 1)
+            val[0] = quad_reduce_scatter<2>(x, tig);
+        else
+            quad_reduce_scatter(x, tig, val);
+        store(lo, page, val, pid, sc, skip, hist);
+    }
+};
+
 // ---------------------------------------------------------------- prefill's linear part
 //
 // relu(x) = (x + |x|) / 2, so a row's sum_h w_h relu(q_h . k) is
@@ -369,6 +447,151 @@ __device__ __forceinline__ void hp_write_linear_part(const ScoreParams& p, u32 r
 
 // ---------------------------------------------------------------- the kernel
 
+// The ring's mbarriers at `at` (shared address): full_k[STAGES],
+// empty_k[STAGES], then, for TMA-loaded Q, full_q[2] and empty_q[2].
+template <int STAGES>
+struct HpBars {
+    u32 at;
+    __device__ __forceinline__ u32 full_k(u32 s) const { return at + 8 * s; }
+    __device__ __forceinline__ u32 empty_k(u32 s) const { return at + 8 * (STAGES + s); }
+    __device__ __forceinline__ u32 full_q(u32 s) const { return at + 8 * (2 * STAGES + s); }
+    __device__ __forceinline__ u32 empty_q(u32 s) const { return at + 8 * (2 * STAGES + 2 + s); }
+};
+
+// Thread 0 sets up the ring's barriers at `bar`: full_k[STAGES] (the
+// producer's one arrival and the copies' bytes), empty_k[STAGES]
+// (`k_releasers` consumer threads), then, where `q_releasers` is not 0,
+// full_q[2] and empty_q[2] for the TMA-loaded Q stages.
+template <int STAGES>
+__device__ __forceinline__ void hp_init_barriers(u32 bar, u32 k_releasers, u32 q_releasers) {
+    if (threadIdx.x != 0) return;
+    const HpBars<STAGES> bars{bar};
+    for (u32 s = 0; s < STAGES; ++s) {
+        mbar_init(bars.full_k(s), 1);
+        mbar_init(bars.empty_k(s), k_releasers);
+    }
+    for (u32 s = 0; q_releasers != 0 && s < 2; ++s) {
+        mbar_init(bars.full_q(s), 1);
+        mbar_init(bars.empty_q(s), q_releasers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// What every TMA scorer CTA starts with: its shared memory (1024-byte
+// aligned), the selection allowed to launch, the ring's barriers
+// (hp_init_barriers) and the work scan over the chunk's row blocks.
+struct HpCta {
+    u8* smem;
+    u32* prefix;  // hp_scan_units
+    u32 blocks;   // row blocks of RPB rows
+};
+
+template <class L, int RPB, int UNIT, int STAGES, u32 THREADS>
+__device__ __forceinline__ HpCta hp_prologue(const ScoreParams& p, u32 k_releasers,
+                                             u32 q_releasers) {
+    extern __shared__ __align__(16) u8 smem_raw[];
+    u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    if (hp_dynamic_smem_bytes() < L::BYTES + 1024) __trap();  // host/kernel layout drift
+    // The selection after this kernel may launch now: its CTAs take SMs as
+    // this grid's leave and wait for the logits there (pdl_wait).
+    pdl_launch_dependents();
+    hp_init_barriers<STAGES>(smem_addr(smem) + L::BAR, k_releasers, q_releasers);
+    u32* prefix = reinterpret_cast<u32*>(smem + L::PREFIX);
+    const u32 blocks = (p.rows + RPB - 1) / RPB;
+    hp_scan_units<RPB, UNIT, THREADS>(p, prefix, reinterpret_cast<u32*>(smem + L::WARP_SUMS),
+                                      blocks);
+    return {smem, prefix, blocks};
+}
+
+// The CTA's roles: the first warpgroup gives its registers back and its warp
+// 0 runs `produce`; the consumers take theirs and go on (true).
+template <class Roles, class F>
+__device__ __forceinline__ bool hp_consumer(u32 warp, F&& produce) {
+    if (warp < 4) {
+        regs_dec<Roles::PRODUCER_REGS>();
+        if (warp == 0) produce();
+        return false;
+    }
+    regs_inc<Roles::CONSUMER_REGS>();
+    return true;
+}
+
+// The producer warp: for each segment of this CTA, the block's Q (LOAD_Q: by
+// TMA, into the Q stage the consumers released; full_q / empty_q follow the
+// K ring's barriers) and then its K pages and their scales into the ring, a
+// TMA copy each, as the consumers free the stages.
+template <class L, int RPB, int UNIT, int STAGES, bool PREFILL, bool LOAD_Q>
+__device__ __forceinline__ void hp_produce(const HopperParams& hp, u8* smem, const u32* prefix,
+                                           u32 blocks, u32 lane) {
+    const ScoreParams& p = hp.s;
+    const u32 base = smem_addr(smem);
+    const HpBars<STAGES> bars{base + L::BAR};
+    i32* pids = reinterpret_cast<i32*>(smem + L::PID);
+    const i32* pt_base = p.page_table + p.chunk_start / IDX_PAGE_ROWS;
+    // Decode streams each K page once: evict it first, so the logits the
+    // selection reads next stay in L2. Prefill reads each page again for
+    // every row block, from L2.
+    const u64 k_policy = l2_evict_first_policy();
+    u32 kit = 0, sit = 0;
+    hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
+        const BlockRows<RPB> br = hp_block<RPB>(p, blk);
+        pe = min(pe, br.pages);
+        if constexpr (LOAD_Q) {
+            const u32 qs = sit & 1;
+            mbar_wait(bars.empty_q(qs), ((sit >> 1) & 1) ^ 1);
+            if (lane == 0) {
+                mbar_expect_tx(bars.full_q(qs), L::Q_TMA_BYTES);
+                for (u32 part = 0; part < RPB / L::PART_ROWS; ++part)
+                    tma_load_3d(base + L::Q + qs * L::Q_BYTES + part * L::Q_PART, &hp.q_map,
+                                bars.full_q(qs), 0, 0, (i32)(br.row0 + part * L::PART_ROWS));
+            }
+        }
+        const i32* pt = pt_base + (u64)br.row0 * p.pt_row_stride;
+        for (u32 i0 = pb; i0 < pe; i0 += 32) {
+            const i32 mine = i0 + lane < pe ? pt[i0 + lane] : -1;
+            const u32 count = min(32u, pe - i0);
+            for (u32 j = 0; j < count; ++j) {
+                i32 pid = __shfl_sync(0xffffffffu, mine, j);
+                const u32 page = i0 + j;
+                if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
+                    if (lane == 0) {
+                        // The first row that reaches this page (lengths
+                        // read again: a cold path, kept out of registers).
+                        u32 first = 0;
+                        while (first + 1 < RPB &&
+                               hp_chunk_tokens(p, br.row0 + first) <= page * IDX_PAGE_ROWS)
+                            ++first;
+                        idx_report_bad_page(p.status, br.row0 + first,
+                                            p.chunk_start / IDX_PAGE_ROWS + page, pid, p.pages);
+                    }
+                    pid = -1;
+                }
+                const u32 st = kit % STAGES;
+                mbar_wait(bars.empty_k(st), ((kit / STAGES) & 1) ^ 1);
+                if (lane == 0) {
+                    pids[st] = pid;
+                    if (pid >= 0) {
+                        mbar_expect_tx(bars.full_k(st), HP_PAGE_K_BYTES + HP_PAGE_SCALE_BYTES);
+                        if (PREFILL)
+                            tma_load_3d(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
+                                        bars.full_k(st), 0, 0, pid);
+                        else
+                            tma_load_3d_hint(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
+                                             bars.full_k(st), 0, 0, pid, k_policy);
+                        tma_load_2d(base + L::SCALE + st * HP_PAGE_SCALE_BYTES, &hp.scale_map,
+                                    bars.full_k(st), 0, pid);
+                    } else {
+                        mbar_arrive(bars.full_k(st));  // nothing to copy: stale bytes, no stores
+                    }
+                }
+                ++kit;
+            }
+        }
+        ++sit;
+    });
+}
+
+
 // HP: padded heads; RPB: rows per block; QR: rows per consumer tile
 // (decode 1: the warpgroups on one row, pages in turn; prefill 4: the two
 // warpgroups split the block's 8 rows, every page).
@@ -379,111 +602,25 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     constexpr bool PREFILL = QR > 1;
     static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
     const ScoreParams& p = hp.s;
-
-    extern __shared__ __align__(16) u8 smem_raw[];
-    u8* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
-    if (hp_dynamic_smem_bytes() < L::BYTES + 1024) __trap();  // host/kernel layout drift
-    const u32 base = smem_addr(smem);
-    const u32 bar = base + L::BAR;
-    auto full_k = [&](u32 s) { return bar + 8 * s; };
-    auto empty_k = [&](u32 s) { return bar + 8 * (STAGES + s); };
-    auto full_q = [&](u32 s) { return bar + 8 * (2 * STAGES + s); };
-    auto empty_q = [&](u32 s) { return bar + 8 * (2 * STAGES + 2 + s); };
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // The selection after this kernel may launch now: its CTAs take SMs as
-    // this grid's leave and wait for the logits there (pdl_wait).
-    pdl_launch_dependents();
-
     // Consumers release a K stage: decode one warpgroup (128 threads),
     // prefill all of them; a Q stage: all of them.
     constexpr u32 K_RELEASERS = PREFILL ? 128 * CONSUMERS : 128;
-    if (threadIdx.x == 0) {
-        for (u32 s = 0; s < STAGES; ++s) {
-            mbar_init(full_k(s), 1);
-            mbar_init(empty_k(s), K_RELEASERS);
-        }
-        for (u32 s = 0; s < 2; ++s) {
-            mbar_init(full_q(s), 1);
-            mbar_init(empty_q(s), 128 * CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    u32* prefix = reinterpret_cast<u32*>(smem + L::PREFIX);
-    const u32 blocks = (p.rows + RPB - 1) / RPB;
-    hp_scan_units<RPB, UNIT, Roles::THREADS>(p, prefix, reinterpret_cast<u32*>(smem + L::WARP_SUMS), blocks);
-
-    i32* pids = reinterpret_cast<i32*>(smem + L::PID);
+    const HpCta cta = hp_prologue<L, RPB, UNIT, STAGES, Roles::THREADS>(p, K_RELEASERS,
+                                                                        128 * CONSUMERS);
+    u8* smem = cta.smem;
+    const u32* prefix = cta.prefix;
+    const u32 blocks = cta.blocks;
+    const u32 base = smem_addr(smem);
+    const HpBars<STAGES> bars{base + L::BAR};
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
     const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
-    const i32* pt_base = p.page_table + p.chunk_start / IDX_PAGE_ROWS;
 
-    if (warp < 4) {
-        // ---------------- producer
-        regs_dec<Roles::PRODUCER_REGS>();
-        if (warp != 0) return;
-        // Decode streams each K page once: evict it first, so the logits the
-        // selection reads next stay in L2. Prefill reads each page again for
-        // every row block, from L2.
-        const u64 k_policy = l2_evict_first_policy();
-        u32 kit = 0, sit = 0;
-        hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
-            const BlockRows<RPB> br = hp_block<RPB>(p, blk);
-            pe = min(pe, br.pages);
-            const u32 qs = sit & 1;
-            mbar_wait(empty_q(qs), ((sit >> 1) & 1) ^ 1);
-            if (lane == 0) {
-                mbar_expect_tx(full_q(qs), L::Q_TMA_BYTES);
-                for (u32 part = 0; part < RPB / L::PART_ROWS; ++part)
-                    tma_load_3d(base + L::Q + qs * L::Q_BYTES + part * L::Q_PART, &hp.q_map,
-                                full_q(qs), 0, 0, (i32)(br.row0 + part * L::PART_ROWS));
-            }
-            const i32* pt = pt_base + (u64)br.row0 * p.pt_row_stride;
-            for (u32 i0 = pb; i0 < pe; i0 += 32) {
-                const i32 mine = i0 + lane < pe ? pt[i0 + lane] : -1;
-                const u32 count = min(32u, pe - i0);
-                for (u32 j = 0; j < count; ++j) {
-                    i32 pid = __shfl_sync(0xffffffffu, mine, j);
-                    const u32 page = i0 + j;
-                    if (pid >= 0 && !idx_page_in_range(pid, p.pages)) {
-                        if (lane == 0) {
-                            // The first row that reaches this page (lengths
-                            // read again: a cold path, kept out of registers).
-                            u32 first = 0;
-                            while (first + 1 < RPB &&
-                                   hp_chunk_tokens(p, br.row0 + first) <= page * IDX_PAGE_ROWS)
-                                ++first;
-                            idx_report_bad_page(p.status, br.row0 + first,
-                                                p.chunk_start / IDX_PAGE_ROWS + page, pid, p.pages);
-                        }
-                        pid = -1;
-                    }
-                    const u32 st = kit % STAGES;
-                    mbar_wait(empty_k(st), ((kit / STAGES) & 1) ^ 1);
-                    if (lane == 0) {
-                        pids[st] = pid;
-                        if (pid >= 0) {
-                            mbar_expect_tx(full_k(st), HP_PAGE_K_BYTES + HP_PAGE_SCALE_BYTES);
-                            if (PREFILL)
-                                tma_load_3d(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
-                                            full_k(st), 0, 0, pid);
-                            else
-                                tma_load_3d_hint(base + L::K + st * HP_PAGE_K_BYTES, &hp.k_map,
-                                                 full_k(st), 0, 0, pid, k_policy);
-                            tma_load_2d(base + L::SCALE + st * HP_PAGE_SCALE_BYTES, &hp.scale_map,
-                                        full_k(st), 0, pid);
-                        } else {
-                            mbar_arrive(full_k(st));  // nothing to copy: stale bytes, no stores
-                        }
-                    }
-                    ++kit;
-                }
-            }
-            ++sit;
-        });
+    // ---------------- producer (warp 0), then the consumers
+    if (!hp_consumer<Roles>(warp, [&] {
+            hp_produce<L, RPB, UNIT, STAGES, PREFILL, true>(hp, smem, prefix, blocks, lane);
+        }))
         return;
-    }
-
-    // ---------------- consumers
-    regs_inc<Roles::CONSUMER_REGS>();
     // Warp-uniform by construction (lane 0's value): the compiler keeps what
     // follows from it (descriptors, stages) in uniform registers.
     const u32 wg = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // consumer warpgroup
@@ -509,20 +646,19 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     // Descriptors advance by address / 16 (the start field): K stage st and
     // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
     const u64 k_desc = hp_desc(base + L::K);
+    // Decode's first selection level, counted here (hp_hist_begin)
+    const bool count = !PREFILL && p.hist != nullptr;
+    u32* hist = reinterpret_cast<u32*>(smem + L::HIST);
+    constexpr u32 CT = 128 * CONSUMERS;  // consumer threads
+    const u32 ct = threadIdx.x - 128;
+    if (count) hp_hist_begin<CT>(hist, ct);
     u32 kit = 0, sit = 0;
     hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
         pe = min(pe, br.pages);
         const u32 tile = PREFILL ? wg * QR : 0;  // first row of this warpgroup's tile in the block
         const u32 row0 = br.row0 + tile;
-        u32 my_n[OUTS];  // chunk tokens of this lane's rows
-        float* out[OUTS];
-#pragma unroll
-        for (int m = 0; m < OUTS; ++m) {
-            const u32 my_row = row0 + lane_out.row + 2 * m;
-            my_n[m] = hp_chunk_tokens(p, my_row);
-            out[m] = p.logits + (u64)my_row * p.logits_row_stride + lane_out.token;
-        }
+        const LaneRows<OUTS, QR> mine(p, row0, lane_out);
         // Half the weights of this lane's columns 8j + 2 tig + e (row j / (HP / 8)):
         // the epilogue multiplies them by twice relu (decode) or |d| (prefill).
 #pragma unroll
@@ -535,7 +671,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                                  : 0.0f;
         }
         const u32 qs = sit & 1;
-        mbar_wait(full_q(qs), (sit >> 1) & 1);
+        mbar_wait(bars.full_q(qs), (sit >> 1) & 1);
         u8* q_stage = smem + L::Q + qs * L::Q_BYTES;
         if constexpr (PREFILL) {
             // warp cw: the linear part of the tile's row cw; the warpgroup's
@@ -600,32 +736,24 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             }
         };
         auto store = [&](u32 page, const float (&x)[2 * QR], i32 pid, float sc) {
-            float val[OUTS];
-            if constexpr (QR == 1)
-                val[0] = quad_reduce_scatter<2>(x, tig);
-            else
-                quad_reduce_scatter(x, tig, val);
-            const u32 t = page * IDX_PAGE_ROWS + lane_out.token;  // chunk-local
-#pragma unroll
-            for (int m = 0; m < OUTS; ++m)
-                if (lane_out.stores && t < my_n[m])
-                    out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
+            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
         };
         if constexpr (!PREFILL) {
             // Pages round-robin over the warpgroups, one at a time.
             for (u32 page = pb; page < pe; ++page, ++kit) {
                 if (kit % CONSUMERS != wg) continue;
                 const u32 st = kit % STAGES;
-                mbar_wait(full_k(st), (kit / STAGES) & 1);
+                mbar_wait(bars.full_k(st), (kit / STAGES) & 1);
                 const i32 pid = pids[st];
                 const float sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
                 issue(Int<0>{}, st);
                 hp_wgmma_wait<0>();
-                mbar_arrive(empty_k(st));
+                mbar_arrive(bars.empty_k(st));
                 float x[2 * QR] = {};
                 accumulate(Int<0>{}, x);
                 store(page, x, pid, sc);
             }
+            if (count) hp_hist_flush<CT>(p, hist, br.row0, ct);
         } else {
             // Every page, in runs of R pages whose parts roll: each part's
             // epilogue but the run's last runs while the next part's MMAs do
@@ -634,7 +762,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             // back edge, ptxas serialises them all.
             auto run = [&](auto pages, u32 page0) {
                 constexpr int R = decltype(pages)::value;
-                mbar_wait(full_k(kit % STAGES), (kit / STAGES) & 1);
+                mbar_wait(bars.full_k(kit % STAGES), (kit / STAGES) & 1);
                 issue(Int<0>{}, kit % STAGES);
                 issue(Int<1>{}, kit % STAGES);
 #pragma unroll
@@ -646,13 +774,13 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                     hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
                     accumulate(Int<0>{}, x);
                     if (i + 1 < R) {
-                        mbar_wait(full_k(next), ((k + 1) / STAGES) & 1);
+                        mbar_wait(bars.full_k(next), ((k + 1) / STAGES) & 1);
                         issue(Int<0>{}, next);
                         hp_wgmma_wait<1>();  // part 1 (the next page's part 0 in flight)
                     } else {
                         hp_wgmma_wait<0>();
                     }
-                    mbar_arrive(empty_k(st));
+                    mbar_arrive(bars.empty_k(st));
                     accumulate(Int<1>{}, x);
                     if (i + 1 < R) issue(Int<1>{}, next);
                     store(page0 + i, x, pid, sc);
@@ -664,22 +792,267 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 run(Int<HP_PREFILL_RUN>{}, page);
             for (; page < pe; ++page) run(Int<1>{}, page);
         }
-        mbar_arrive(empty_q(qs));
+        mbar_arrive(bars.empty_q(qs));
         ++sit;
     });
 }
 
-#define HOPPER_KERNELS(HEADS)                                                                \
+
+// ---------------------------------------------------------------- the exact scorers
+//
+// precision="exact" on the same pipeline: the producer streams the K pages
+// as for the fast scorers; the consumers score them with f16 wgmma (exact
+// FP8 products, fp32 accumulation: the exact flavors' logits) where the fast
+// ones use FP8 wgmma. TMA cannot widen bytes, so:
+//   * K is A, from registers: each warp widens its 16 tokens of the page
+//     (f16_lane_words, the permutation of wgmma_f16_operands.cuh), then
+//     releases the stage; its MMAs never read the ring;
+//   * the consumers stage the block's Q as f16 B in that permutation
+//     themselves, once a segment, with its rows' halved weights: prefill
+//     each warpgroup its 4 rows (a "group" of 128 threads, its own buffers),
+//     decode all four warpgroups the one row (one group of 512 threads);
+//   * prefill: every page by both warpgroups, in two parts of 2 rows
+//     (N = 2 x heads, eight k16 MMAs, a commit group each) that roll through
+//     runs of HP_PREFILL_RUN pages: part 0's epilogue (relu * weight) under
+//     part 1's MMAs, part 1's under the next page's part 0; decode: the pages
+//     round-robin over the warpgroups, one part of N = heads, as the fast
+//     decode scorer.
+// Every page ends with no MMA in flight (ptxas serialises a group pending
+// across a loop's back edge).
+template <int HP, int RPB, int QR, int STAGES, int CONSUMERS>
+struct HpExactSmem {
+    static constexpr bool PREFILL = QR > 1;
+    static constexpr u32 GROUPS = PREFILL ? CONSUMERS : 1;  // Q and weight buffers
+    static constexpr u32 GROUP_THREADS = 128 * CONSUMERS / GROUPS;
+    static constexpr u32 N = QR * HP;                // B rows of a group
+    static constexpr u32 PARTS = PREFILL ? QR / 2 : 1;
+    static constexpr u32 UN = N / PARTS;             // B rows of a part
+    static constexpr u32 Q_HALF = N * IDX_HEAD_DIM;  // 64 dims (128 bytes of f16) of each
+    static constexpr u32 Q_GROUP = 2 * Q_HALF;
+    // Weights by lane: lane t's columns 8j + 2t + e at [t][j][e], rows padded
+    // by 2 pairs so the 4 lanes of a quad read distinct banks.
+    static constexpr u32 W_ROW = N / 8 + 2;  // (j, e) pairs per lane row
+    static constexpr u32 W_GROUP = 4 * W_ROW * 2 * 4;
+    static constexpr u32 K = 0;
+    static constexpr u32 Q = K + STAGES * HP_PAGE_K_BYTES;
+    static constexpr u32 SCALE = Q + GROUPS * Q_GROUP;
+    static constexpr u32 W = SCALE + STAGES * HP_PAGE_SCALE_BYTES;
+    static constexpr u32 PID = W + GROUPS * W_GROUP;
+    static constexpr u32 BAR = PID + STAGES * 4;  // full_k[STAGES], empty_k[STAGES]
+    static constexpr u32 PREFIX = BAR + 2 * STAGES * 8;
+    static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
+    // decode: the first level's histogram of the segment's row (ScoreParams::hist)
+    static constexpr u32 HIST = WARP_SUMS + 32 * 4;
+    static constexpr u32 BYTES = HIST + (PREFILL ? 0 : IDX_HIST_BINS * 4);
+    static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
+    static_assert(!PREFILL || QR == 4, "prefill: two parts of two rows");
+    static_assert(Q_HALF % 1024 == 0 && (UN * IDX_HEAD_DIM) % 1024 == 0,
+                  "Q halves and parts stay on the swizzle period");
+    static_assert(W % 16 == 0 && W_GROUP % 16 == 0 && W_ROW % 2 == 0, "float4 weight pairs");
+    static_assert(BAR % 8 == 0, "mbarriers");
+};
+
+template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>
+__device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
+    using L = HpExactSmem<HP, RPB, QR, STAGES, CONSUMERS>;
+    using Roles = HpRoles<CONSUMERS>;
+    constexpr bool PREFILL = L::PREFILL;
+    constexpr int UN = L::UN, PARTS = L::PARTS;
+    constexpr int JP = UN / 8;               // n8 groups of a part
+    constexpr int OUTS = QR == 4 ? 2 : 1;    // this lane's rows lane_out.row + 2 m
+    using Mma = WgmmaF16<UN>;
+    const ScoreParams& p = hp.s;
+    // consumers release a K stage: prefill all of them, decode the one
+    // warpgroup that scored it; no Q stages (the consumers stage Q)
+    const HpCta cta = hp_prologue<L, RPB, UNIT, STAGES, Roles::THREADS>(
+        p, PREFILL ? 128 * CONSUMERS : 128, 0);
+    u8* smem = cta.smem;
+    const HpBars<STAGES> bars{smem_addr(smem) + L::BAR};
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const i32* pids = reinterpret_cast<const i32*>(smem + L::PID);
+    const float* scales = reinterpret_cast<const float*>(smem + L::SCALE);
+    if (!hp_consumer<Roles>(warp, [&] {
+            hp_produce<L, RPB, UNIT, STAGES, PREFILL, false>(hp, smem, cta.prefix, cta.blocks,
+                                                             lane);
+        }))
+        return;
+
+    const u32 wg = __shfl_sync(0xffffffffu, warp / 4 - 1, 0);  // consumer warpgroup (uniform)
+    const u32 group = PREFILL ? wg : 0;                         // its Q and weights
+    const u32 gtid = threadIdx.x - 128 - group * L::GROUP_THREADS;  // thread within the group
+    const u32 cw = warp & 3, gid = lane >> 2, tig = lane & 3;
+    const u32 t_lo = 16 * cw + gid;  // this lane's tokens: t_lo and t_lo + 8
+    const float skip = idx_not_candidate();
+    const QuadLogit<QR> lane_out(tig, t_lo);
+    u8* q_group = smem + L::Q + group * L::Q_GROUP;
+    float* ws = reinterpret_cast<float*>(smem + L::W + group * L::W_GROUP);
+    const u32 q_base = smem_addr(q_group);
+    float d[PARTS][Mma::REGS];
+    u32 a[8][4];  // the page's A fragments, live until its last MMA is done
+    // Decode's first selection level, counted here (hp_hist_begin)
+    const bool count = !PREFILL && p.hist != nullptr;
+    u32* hist = reinterpret_cast<u32*>(smem + L::HIST);
+    constexpr u32 CT = 128 * CONSUMERS;  // consumer threads
+    if (count) hp_hist_begin<CT>(hist, threadIdx.x - 128);
+
+    // Part P's eight k16 MMAs (B rows [P UN, + UN) of both halves) into d[P].
+    auto issue = [&](auto part) {
+        constexpr int P = decltype(part)::value;
+        hp_wgmma_fence();
+        const u32 b = q_base + P * UN * IDX_HEAD_DIM;
+        Mma::mma_first(d[P], a[0], hp_desc(b));
+#pragma unroll
+        for (int s = 1; s < 8; ++s)
+            Mma::mma(d[P], a[s], hp_desc(b + (s >> 2) * L::Q_HALF + 32 * (s & 3)));
+        hp_wgmma_commit();
+    };
+    // relu * weight over part P's heads (its MMAs complete): this lane's
+    // share of the part's rows, tokens t_lo and t_lo + 8. (x's extent from
+    // L: NVRTC 12.8 crashes on a local constexpr there.)
+    auto accumulate = [&](auto part, float (&x)[2 * L::N / HP]) {
+        constexpr int P = decltype(part)::value;
+        Mma::fence_operands(d[P]);
+        const float* wrow = ws + tig * L::W_ROW * 2 + P * JP * 2;
+#pragma unroll
+        for (int jp = 0; jp < JP; jp += 2) {
+            const float4 w = *reinterpret_cast<const float4*>(wrow + 2 * jp);
+            const int r0 = (P * JP + jp) / (HP / 8), r1 = (P * JP + jp + 1) / (HP / 8);
+            const float* dj = d[P] + 4 * jp;
+            x[2 * r0] = fmaf(relu_nan_x2(dj[0]), w.x, x[2 * r0]);
+            x[2 * r0] = fmaf(relu_nan_x2(dj[1]), w.y, x[2 * r0]);
+            x[2 * r0 + 1] = fmaf(relu_nan_x2(dj[2]), w.x, x[2 * r0 + 1]);
+            x[2 * r0 + 1] = fmaf(relu_nan_x2(dj[3]), w.y, x[2 * r0 + 1]);
+            x[2 * r1] = fmaf(relu_nan_x2(dj[4]), w.z, x[2 * r1]);
+            x[2 * r1] = fmaf(relu_nan_x2(dj[5]), w.w, x[2 * r1]);
+            x[2 * r1 + 1] = fmaf(relu_nan_x2(dj[6]), w.z, x[2 * r1 + 1]);
+            x[2 * r1 + 1] = fmaf(relu_nan_x2(dj[7]), w.w, x[2 * r1 + 1]);
+        }
+    };
+
+    u32 kit = 0;
+    hp_segments<RPB, UNIT>(p, cta.prefix, cta.blocks, [&](u32 blk, u32 pb, u32 pe) {
+        const BlockRows<RPB> br = hp_block<RPB>(p, blk);
+        pe = min(pe, br.pages);
+        const u32 row0 = br.row0 + group * QR;  // the group's rows of the block
+        const LaneRows<OUTS, QR> mine(p, row0, lane_out);
+        // The group is done with the last segment's Q (its MMAs waited for)
+        // and weights; then its threads restage both.
+        group_barrier(1 + group, L::GROUP_THREADS);
+        f16_stage_q<HP, L::N>(p, q_group, L::Q_HALF, row0, gtid, L::GROUP_THREADS);
+        for (u32 c = gtid; c < L::N; c += L::GROUP_THREADS) {
+            const u32 rr = c / HP, h = c % HP, row = row0 + rr;
+            const u32 lane_t = (c % 8) / 2, j = c / 8, e = c % 2;
+            // halved: the epilogue multiplies them by twice relu (relu_nan_x2)
+            ws[(lane_t * L::W_ROW + j) * 2 + e] =
+                row < p.rows && h < p.heads ? 0.5f * __ldg(p.weights + (u64)row * p.heads + h)
+                                            : 0.0f;
+        }
+        fence_proxy_async_shared();  // Q, read by wgmma after the barrier
+        group_barrier(1 + group, L::GROUP_THREADS);
+        // Page k's stage: its A fragments (the stage released), id and scale.
+        auto load_page = [&](u32 k, i32& pid, float& sc) {
+            const u32 st = k % STAGES;
+            mbar_wait(bars.full_k(st), (k / STAGES) & 1);
+            u32 w0[8], w1[8];
+            f16_lane_words(smem + L::K + st * HP_PAGE_K_BYTES, t_lo, tig, w0, w1);
+            pid = pids[st];
+            sc = scales[st * IDX_PAGE_ROWS + lane_out.token];
+            mbar_arrive(bars.empty_k(st));  // the stage is read: A lives in registers
+#pragma unroll
+            for (int s = 0; s < 8; ++s) f16_a_fragment(w0, w1, s, a[s]);
+        };
+        // a[] is read by MMAs in flight until a wait says they are done: keep
+        // its registers from being reused before that.
+        auto keep_a = [&] {
+#pragma unroll
+            for (int s = 0; s < 8; ++s)
+                asm volatile("" : "+r"(a[s][0]), "+r"(a[s][1]), "+r"(a[s][2]), "+r"(a[s][3])
+                             :: "memory");
+        };
+        if constexpr (PREFILL) {
+            // Runs of R pages whose parts roll: part 0's epilogue under part
+            // 1's MMAs, part 1's under the next page's part 0 (its A loaded
+            // once part 1 is done). No MMA is in flight from one run to the
+            // next: where one is, across a loop's back edge, ptxas
+            // serialises them all.
+            auto run = [&](auto pages, u32 page0) {
+                constexpr int R = decltype(pages)::value;
+                i32 pid;
+                float sc;
+                load_page(kit, pid, sc);
+                issue(Int<0>{});
+                issue(Int<1>{});
+#pragma unroll
+                for (int i = 0; i < R; ++i) {
+                    float x[2 * QR] = {};
+                    hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
+                    accumulate(Int<0>{}, x);
+                    hp_wgmma_wait<0>();  // part 1: a[] is free
+                    keep_a();
+                    const i32 pid_i = pid;
+                    const float sc_i = sc;
+                    if (i + 1 < R) {
+                        load_page(kit + i + 1, pid, sc);
+                        issue(Int<0>{});
+                    }
+                    accumulate(Int<1>{}, x);
+                    mine.reduce_store(lane_out, tig, page0 + i, x, pid_i, sc_i, skip, nullptr);
+                    if (i + 1 < R) issue(Int<1>{});
+                }
+                kit += R;
+            };
+            u32 page = pb;
+            for (; page + HP_PREFILL_RUN <= pe; page += HP_PREFILL_RUN)
+                run(Int<HP_PREFILL_RUN>{}, page);
+            for (; page < pe; ++page) run(Int<1>{}, page);
+        } else {
+            // Pages round-robin over the warpgroups, one at a time.
+            for (u32 page = pb; page < pe; ++page, ++kit) {
+                if (kit % CONSUMERS != wg) continue;
+                i32 pid;
+                float sc;
+                load_page(kit, pid, sc);
+                issue(Int<0>{});
+                float x[2 * QR] = {};
+                hp_wgmma_wait<0>();
+                keep_a();
+                accumulate(Int<0>{}, x);
+                mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
+            }
+        }
+        if (count) hp_hist_flush<CT>(p, hist, br.row0, threadIdx.x - 128);
+    });
+}
+
+// The decode and prefill entries of one flavor (fp8: hp_score, f16:
+// hp_score_exact) at HEADS padded heads.
+#define HOPPER_FLAVOR(NAME, SCORE, HEADS)                                                    \
     B12X_KERNEL void __launch_bounds__(HP_DECODE_THREADS, 1)                                 \
-        b12x_indexer_tma_fp8_decode_h##HEADS(const __grid_constant__ HopperParams hp) {      \
+        b12x_indexer_tma_##NAME##_decode_h##HEADS(const __grid_constant__ HopperParams hp) { \
         idx_zero_select_state(hp.s);                                                         \
-        hp_score<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                 \
+        SCORE<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                    \
     }                                                                                        \
     B12X_KERNEL void __launch_bounds__(HP_PREFILL_THREADS, 1)                                \
-        b12x_indexer_tma_fp8_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {     \
-        hp_score<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS,             \
-                 HP_PREFILL_UNIT, HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);              \
+        b12x_indexer_tma_##NAME##_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {\
+        SCORE<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS, HP_PREFILL_UNIT, \
+              HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);                                  \
     }
+
+#define HOPPER_KERNELS(HEADS)             \
+    HOPPER_FLAVOR(fp8, hp_score, HEADS) \
+    HOPPER_FLAVOR(f16, hp_score_exact, HEADS)
+
+// Clears the grid selection's row state before a decode scorer that counts
+// into it (ScoreParams::hist). That scorer is this grid's programmatic
+// dependent: it starts at once and waits for this grid only before its
+// first add, so nothing of the call waits for the clearing but those adds.
+// Small CTAs (ZERO_STATE_THREADS in rust/cuda/src/indexer.rs), so that one
+// fits an SM beside a scorer CTA's 640 threads at 96 registers.
+#define IDX_ZERO_STATE_THREADS 128
+B12X_KERNEL void __launch_bounds__(IDX_ZERO_STATE_THREADS) b12x_indexer_zero_state(const ScoreParams p) {
+    pdl_launch_dependents();
+    idx_zero_select_state(p);
+}
 
 HOPPER_KERNELS(16)
 HOPPER_KERNELS(32)

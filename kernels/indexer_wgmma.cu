@@ -43,6 +43,7 @@
 //        are words W_2s and W_2s+1: the fragment of step s is two raw words.
 #include "indexer_common.cuh"
 #include "wgmma_f16.cuh"
+#include "wgmma_f16_operands.cuh"
 #include "wgmma_fp8.cuh"
 
 #define WG_THREADS 128
@@ -93,12 +94,6 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Byte offset of 16-byte chunk `chunk` of 128-byte row `row` in the
-// 128-byte-swizzled layout: chunk index XOR (row mod 8).
-__device__ __forceinline__ u32 sw128(u32 row, u32 chunk) {
-    return row * IDX_HEAD_DIM + ((chunk ^ (row & 7)) << 4);
-}
-
 // K-major operand, 128-byte swizzle, rows of 128 bytes, 8-row groups 1024
 // bytes apart (stride byte offset); the leading byte offset is unused when a
 // k step (16 f16 or 32 FP8 = 32 bytes) stays inside the swizzle width.
@@ -139,41 +134,28 @@ __device__ __forceinline__ void wg_issue_page(const ScoreParams& p, u8* smem, u3
     if (tid == 0) reinterpret_cast<i32*>(smem + L::PID)[stage] = pid;
 }
 
-// Q of the CTA's rows as the B operand (see the permutation above), from FP8
-// chunk i of a row (bytes 16i..16i+15: lane t = i / 2, its words 4(i % 2)..+3).
-//   f16: chunk i lands in half i % 2; its word w widens to the f16 pairs of
-//        logical dims 16s + 2t (16-byte chunk 2w of the half row) and
-//        16s + 8 + 2t (chunk 2w + 1), s = 4(i % 2) + w, each at byte 4t.
-//   FP8: its word w = W_j, j = 4(i % 2) + w, holds logical dims 16j + 4t ..
-//        + 3: byte 4t of logical chunk j.
+// Q of the CTA's rows as the B operand (see the permutation above).
+//   f16: f16_stage_q (wgmma_f16_operands.cuh).
+//   FP8: word w of FP8 chunk i of a row (bytes 16i..16i+15: lane t = i / 2,
+//        its words 4(i % 2)..+3) is W_j, j = 4(i % 2) + w, which holds
+//        logical dims 16j + 4t .. + 3: byte 4t of logical chunk j.
 // Padded heads / rows are 0.
 template <int NH, class L, bool FP8>
 __device__ __forceinline__ void wg_stage_q(const ScoreParams& p, u8* smem, u32 row0) {
+    if constexpr (!FP8) {
+        f16_stage_q<NH, L::N>(p, smem + L::Q, L::Q_HALF, row0, threadIdx.x, WG_THREADS);
+        return;
+    }
 #pragma unroll 4
     for (u32 c = threadIdx.x; c < L::N * 8; c += WG_THREADS) {
         const u32 n = c >> 3, i = c & 7;
-        const u32 rr = n / NH, h = n % NH, row = row0 + rr;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row < p.rows && h < p.heads)
-            v = __ldg(reinterpret_cast<const uint4*>(p.q + ((u64)row * p.heads + h) * IDX_HEAD_DIM +
-                                                     i * 16));
+        const uint4 v = q_chunk<NH>(p, row0, n, i);
         const u32 t = i >> 1;
         const u32 words[4] = {v.x, v.y, v.z, v.w};
-        if constexpr (FP8) {
-            u8* q = smem + L::Q;
+        u8* q = smem + L::Q;
 #pragma unroll
-            for (u32 w = 0; w < 4; ++w)
-                *reinterpret_cast<u32*>(q + sw128(n, 4 * (i & 1) + w) + 4 * t) = words[w];
-        } else {
-            u8* half = smem + L::Q + (i & 1) * L::Q_HALF;
-#pragma unroll
-            for (u32 w = 0; w < 4; ++w) {
-                u32 lo, hi;
-                cvt_e4m3x4(words[w], lo, hi);
-                *reinterpret_cast<u32*>(half + sw128(n, 2 * w) + 4 * t) = lo;
-                *reinterpret_cast<u32*>(half + sw128(n, 2 * w + 1) + 4 * t) = hi;
-            }
-        }
+        for (u32 w = 0; w < 4; ++w)
+            *reinterpret_cast<u32*>(q + sw128(n, 4 * (i & 1) + w) + 4 * t) = words[w];
     }
 }
 
@@ -327,12 +309,8 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
         // FP8: words 2s, 2s + 1 are it). An unmapped page multiplies stale
         // bytes; its logits are not stored.
         const u8* ks = smem + L::K + stage * WG_TILE_BYTES;
-        const uint4 r0a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig));
-        const uint4 r0b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo, 2 * tig + 1));
-        const uint4 r1a = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig));
-        const uint4 r1b = *reinterpret_cast<const uint4*>(ks + sw128(t_lo + 8, 2 * tig + 1));
-        const u32 w0[8] = {r0a.x, r0a.y, r0a.z, r0a.w, r0b.x, r0b.y, r0b.z, r0b.w};
-        const u32 w1[8] = {r1a.x, r1a.y, r1a.z, r1a.w, r1b.x, r1b.y, r1b.z, r1b.w};
+        u32 w0[8], w1[8];
+        f16_lane_words(ks, t_lo, tig, w0, w1);
         // The MMAs that read a[B] (two pages back) are complete; keep the
         // compiler from moving these writes above the wait that said so.
 #pragma unroll
@@ -347,8 +325,7 @@ __device__ __forceinline__ void wg_score(const ScoreParams& p) {
                 a[B][s][2] = w0[2 * s + 1];
                 a[B][s][3] = w1[2 * s + 1];
             } else {
-                cvt_e4m3x4(w0[s], a[B][s][0], a[B][s][2]);
-                cvt_e4m3x4(w1[s], a[B][s][1], a[B][s][3]);
+                f16_a_fragment(w0, w1, s, a[B][s]);
             }
         }
         pr[B].pid = pids[stage];

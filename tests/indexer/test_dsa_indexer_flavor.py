@@ -47,7 +47,14 @@ def test_the_flavor_option_is_checked():
 
 
 def test_the_flavor_names_come_from_the_core():
-    assert _core.INDEXER_MMA_FLAVORS == ("e4m3", "f16", "wgmma", "wgmma_fp8", "tma_fp8")
+    assert _core.INDEXER_MMA_FLAVORS == (
+        "e4m3",
+        "f16",
+        "wgmma",
+        "wgmma_fp8",
+        "tma_fp8",
+        "tma_f16",
+    )
     for stage in ("topk_only", "score_only"):
         with pytest.raises(b12x.ConfigError, match="stages expected all on a CPU plan"):
             _core.indexer_build_plan(cpu_caps(), **{stage: True})

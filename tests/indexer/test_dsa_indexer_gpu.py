@@ -229,13 +229,12 @@ def test_negative_weights_and_nan_logits(supertile):
     assert not bool(torch.isnan(sc[0]).any())  # enough numbers: NaN never selected
 
 
-# 600 pages: a cluster of 8 CTAs per row; 2048 pages (131072 logits) and at
-# most 4 rows: the widest cluster the launcher picks.
-@pytest.mark.parametrize("width", [600, 2048])
-def test_one_chunk_selection_edge_cases(width):
-    # the one-chunk selection (on sm_90 a cluster per row, or for 2048 pages
-    # a grid of CTAs per row): NaN logits selected when the numbers run out,
-    # +-0 ties, every logit equal across a long row
+def edge_case_inputs(width):
+    """Four rows over `width` pages with the one-chunk selection's edge cases:
+    row 0 has 192 NaN logits among its 600 tokens, row 1 3008 logits of +-0
+    (scale 0) on top of its numbers, row 2 every token the same K row and
+    scale (every logit equal), row 3 no tokens; every logit <= 0. Returns the
+    inputs and row 1's zero positions."""
     rows = 4
     lengths = [600, width * PAGE, width * PAGE - 5, 0]
     inputs = make_case(rows, 16, width, lengths, seed=47)
@@ -254,15 +253,57 @@ def test_one_chunk_selection_edge_cases(width):
     logits = ref.paged_logits(**inputs)
     zeros = torch.nonzero(logits[1, : lengths[1]] == 0).flatten().tolist()
     assert len(zeros) >= 3008 and bool((logits[1, : lengths[1]] <= 0).all())
+    return inputs, zeros
+
+
+# 600 pages: a cluster of 8 CTAs per row; 2048 pages (131072 logits) and at
+# most 4 rows: the widest cluster the launcher picks.
+@pytest.mark.parametrize("width", [600, 2048])
+def test_one_chunk_selection_edge_cases(width):
+    # the one-chunk selection (on sm_90 a cluster per row, or for 2048 pages
+    # a grid of CTAs per row): NaN logits selected when the numbers run out,
+    # +-0 ties, every logit equal across a long row
+    # (on sm_90 after tma_f16, whose grid selection starts from the first
+    # level's histogram the scorer counted: twice on the same binding, its
+    # scratch poisoned first, so the second call starts from the first's state)
+    inputs, zeros = edge_case_inputs(width)
     for topk in (512, 2048):
-        plan, out, sc = run_case(inputs, topk)
+        plan = plan_for(inputs, topk)
         assert plan.max_chunks == 1
-        check(inputs, topk, out, sc)
-        assert sorted(out[2].tolist()) == list(range(topk))  # ties: the lowest positions
-        # more ties than slots in the k-th key's bin (the grid selection's candidates)
-        assert sorted(out[1].tolist()) == zeros[:topk]
-        assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
-        assert bool((out[3] == -1).all())
+        b, out, sc = bind_for(plan, inputs)
+        for _ in range(2):
+            out.fill_(7777)
+            di.run(b)
+            torch.cuda.synchronize()
+            check(inputs, topk, out, sc)
+            assert sorted(out[2].tolist()) == list(range(topk))  # ties: the lowest positions
+            # more ties than slots in the k-th key's bin (the grid selection's candidates)
+            assert sorted(out[1].tolist()) == zeros[:topk]
+            assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
+            assert bool((out[3] == -1).all())
+
+
+@pytest.mark.parametrize("width", [600, 2048])
+def test_one_chunk_selection_edge_cases_after_the_fast_scorer(width):
+    # the same rows after the TMA decode scorer; for 2048 pages its grid
+    # selection starts from the first level's histogram the scorer counted
+    # (a clearing kernel, the scorer as its programmatic dependent)
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    inputs, _ = edge_case_inputs(width)
+    for topk in (512, 2048):
+        plan = plan_for(inputs, topk, flavor="tma_fp8")
+        assert plan.max_chunks == 1
+        b, out, sc = bind_for(plan, inputs)  # scratch poisoned with 0xA5
+        for _ in range(2):  # then a second call on the state the first one left
+            out.fill_(7777)
+            di.run(b)
+            torch.cuda.synchronize()
+            check_fast(inputs, topk, plan, b, out, sc)
+            # equal inputs give equal FP8 logits: the ties' lowest positions
+            assert sorted(out[2].tolist()) == list(range(topk))
+            assert bool(torch.isnan(sc[0]).any()) == (topk > 600 - 192)
+            assert bool((out[3] == -1).all())
 
 
 # The inexact flavors (FP8 wgmma accumulation), sm_90 only; tma_fp8 is the default.
@@ -271,10 +312,10 @@ FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
 
 def device_flavors(*, fast=False):
     """The exact MMA flavors this device runs: e4m3 mma.sync (native on sm_89 /
-    sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma (sm_90 only); with
-    ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
+    sm_120, driver-emulated on sm_90), f16 mma.sync, wgmma and tma_f16 (sm_90
+    only); with ``fast`` also the fast ones (FAST_FLAVORS, sm_90 only)."""
     if torch.cuda.get_device_capability() == (9, 0):
-        return ("e4m3", "f16", "wgmma") + (FAST_FLAVORS if fast else ())
+        return ("e4m3", "f16", "wgmma", "tma_f16") + (FAST_FLAVORS if fast else ())
     return ("e4m3", "f16")
 
 
@@ -345,6 +386,42 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
             )
             skipped = g[~c].view(torch.int32)
             assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
+
+
+def test_exact_tma_prefill_restages_q_between_segments():
+    # tma_f16 with more work units than SMs: a CTA's units span row blocks,
+    # so its warpgroups restage Q and the weights between segments. Its
+    # logits against the reference and the wgmma flavor's (both exact), and
+    # its selection.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("tma_f16 is sm_90's")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    width = 40  # 2560 tokens: one chunk of a 2560-token supertile
+    rows = 8 * (sms // 2 + 3)  # row blocks of 8: about 2.5 units of 8 pages a CTA
+    lengths = [width * PAGE - 5 * r for r in range(rows)]
+    inputs = make_case(rows, 64, width, lengths, mode="prefill", unmapped=[(0, 7)], seed=77)
+    expected = ref.paged_logits(**inputs)
+    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
+    got = {}
+    for flavor in ("tma_f16", "wgmma"):
+        plan = plan_for(inputs, 512, mode="prefill", supertile=width * PAGE, flavor=flavor)
+        assert plan.max_chunks == 1
+        b, out, sc = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        got[flavor] = di.scratch_views(b)["logits"][:rows, : width * PAGE].clone()
+        check(inputs, 512, out, sc)
+    tma, wg = got["tma_f16"], got["wgmma"]
+    bad = ~torch.isclose(tma[cand], expected[cand], rtol=1e-4, atol=1e-4)
+    assert not bool(bad.any()), f"{int(bad.sum())} of {int(cand.sum())} logits differ"
+    # the same exact products and fp32 sums, in another order at most
+    scale = expected[cand].abs().max()
+    assert float((tma[cand] - wg[cand]).abs().max()) <= 1e-5 * float(scale)
+    # an unmapped page's live positions hold "not a candidate"
+    limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).to(tma.device)
+    live = torch.arange(width * PAGE, device=tma.device)[None, :] < limits[:, None]
+    skipped = tma[live & ~cand].view(torch.int32)
+    assert skipped.numel() > 0 and bool((skipped == -1).all()), "an unmapped page was scored"
 
 
 @pytest.mark.parametrize("heads", [16, 48, 64])
@@ -467,7 +544,7 @@ def check_fast(inputs, topk, plan, b, out, sc):
     expected = ref.paged_logits(**inputs)
     cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
     mag = logit_magnitude(inputs)
-    tol = 1e-3 * float(mag.max())
+    tol = 1e-3 * float(mag.nan_to_num(0.0).max())  # NaN scales: NaN logits, no magnitude
     if plan.max_chunks == 1:
         rows = inputs["q_fp8"].shape[0]
         width = inputs["page_table"].shape[1]
@@ -476,6 +553,9 @@ def check_fast(inputs, topk, plan, b, out, sc):
         for r in range(rows):
             c = cand[r, : limits[r]]
             g, e, m = got[r, : limits[r]][c], expected[r, : limits[r]][c], mag[r, : limits[r]][c]
+            nan = torch.isnan(e)
+            assert torch.equal(torch.isnan(g), nan), f"row {r}: NaN logits differ"
+            g, e, m = g[~nan], e[~nan], m[~nan]
             err = (g - e).abs()
             assert bool((err <= 1e-3 * m).all()), f"row {r}: {float((err / m).max()):.2e} relative"
             skipped = got[r, : limits[r]][~c].view(torch.int32)
@@ -529,9 +609,12 @@ def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
         check_fast(inputs, 512, plan, b, out, sc)
 
 
-def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
+# 4 short rows (a cluster selection each), and one row of 131072 logits (on
+# sm_90 the grid selection, whose row state a top-k-only call clears itself)
+@pytest.mark.parametrize("width,lengths", [(64, [4096, 3000, 100, 0]), (2048, [2048 * PAGE - 5])])
+def test_a_topk_only_plan_reselects_the_logits_in_the_scratch(width, lengths):
     # the benchmark's topk_only arm: the top-k stage alone, on a full run's logits
-    inputs = make_case(4, 64, 64, [4096, 3000, 100, 0], unmapped=[(1, 3)], seed=43)
+    inputs = make_case(len(lengths), 64, width, lengths, unmapped=[(0, 3)], seed=43)
     plan = plan_for(inputs, 512)
     assert plan.max_chunks == 1 and not plan.topk_only
     b, out, sc = bind_for(plan, inputs)
@@ -541,11 +624,13 @@ def test_a_topk_only_plan_reselects_the_logits_in_the_scratch():
     out2 = torch.full_like(out, 7777)
     sc2 = torch.full_like(sc, float("nan"))
     b2 = di.bind(stage, scratch=b.scratch, output_indices=out2, output_scores=sc2, **inputs)
-    di.run(b2)
-    torch.cuda.synchronize()
-    check(inputs, 512, out2, sc2)
-    assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
-    assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
+    for _ in range(2):  # the second on the state the first left
+        out2.fill_(7777)
+        di.run(b2)
+        torch.cuda.synchronize()
+        check(inputs, 512, out2, sc2)
+        assert torch.equal(out.sort(dim=1).values, out2.sort(dim=1).values)
+        assert torch.equal(sc.sort(dim=1).values, sc2.sort(dim=1).values)
 
 
 def test_a_score_only_plan_writes_the_logits_and_leaves_the_outputs():

@@ -24,7 +24,7 @@ def test_a_plan_loads_the_kernels_and_resolves_its_flavor():
     plan = di.plan(caps_for(inputs, 512))
     assert _core.kernels_loaded(torch.cuda.current_device())
     major, minor = torch.cuda.get_device_capability()
-    expected = {(9, 0): "wgmma", (8, 9): "e4m3"}.get(
+    expected = {(9, 0): "tma_f16", (8, 9): "e4m3"}.get(
         (major, minor), "e4m3" if major == 12 else "f16"
     )
     assert plan.mma_flavor == expected and f"mma_flavor={expected}" in repr(plan)

@@ -41,6 +41,7 @@ from b12x.bench import indexer_peers as peers
 from b12x.bench import indexer_stock
 from b12x.bench.common import BenchResult, l2_flusher
 from b12x.bench.interleave import ArmTimer, Samples
+from b12x.errors import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -479,7 +480,14 @@ def run(args: argparse.Namespace) -> BenchResult:
         fast_fields = {**extra, "mma_flavor": fast_plan.mma_flavor, "precision": "fast"}
         timer.then(partial(whole_call, "b12x_fast", fast, peers.LOGITS_REL_TOL, fast_fields))
         for flavor in args.flavor_arms:
-            forced = bind(_core.indexer_build_plan(caps, mma_flavor=flavor))
+            try:
+                forced_plan = _core.indexer_build_plan(caps, mma_flavor=flavor)
+            except ConfigError as e:
+                if "serves" not in str(e):
+                    raise
+                result.notes.append(f"{name}: no b12x_{flavor} arm: {e}")  # e.g. tma_f16 decode
+                continue
+            forced = bind(forced_plan)
             samples = timer(partial(di.run, forced))
             fields = {**extra, "mma_flavor": flavor}
             timer.then(partial(result.add, name, f"b12x_{flavor}", samples, **fields))

@@ -112,6 +112,9 @@ struct ScoreParams {
     /// Words of `zero` the scorer clears (the grid selection's row state).
     zero_words: u32,
     zero: u64,
+    /// The grid selection's row state, when the scorer counts the first
+    /// level's histogram into it (`LaunchRecipe::prehist`), else 0.
+    hist: u64,
 }
 
 /// Parameters of the TMA-fed scorers (`HopperParams` in
@@ -242,13 +245,23 @@ pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u3
     })
 }
 
-fn grid_select_kernel(per: u32) -> Kernel {
-    match per {
-        4 => Kernel::IndexerGridSelectP4,
-        8 => Kernel::IndexerGridSelectP8,
-        _ => Kernel::IndexerGridSelectP16,
+fn grid_select_kernel(per: u32, prehist: bool) -> Kernel {
+    match (per, prehist) {
+        (4, false) => Kernel::IndexerGridSelectP4,
+        (8, false) => Kernel::IndexerGridSelectP8,
+        (_, false) => Kernel::IndexerGridSelectP16,
+        (4, true) => Kernel::IndexerGridSelectPreP4,
+        (8, true) => Kernel::IndexerGridSelectPreP8,
+        (_, true) => Kernel::IndexerGridSelectPreP16,
     }
 }
+
+/// Threads of a `b12x_indexer_zero_state` CTA (`IDX_ZERO_STATE_THREADS`, its
+/// launch bound): small, so that it fits an SM beside a decode scorer CTA.
+const ZERO_STATE_THREADS: u32 = 128;
+
+/// Bins of the selections' first level (`IDX_HIST_BINS`): a key's top 11 bits.
+const SELECT_HIST_BINS: u32 = 2048;
 
 fn select_kernel(per: u32) -> Kernel {
     match per {
@@ -415,7 +428,7 @@ pub fn take_page_fault(ordinal: u32) -> Result<Option<PageFault>> {
 }
 
 /// Scorer kernels by route, MMA flavor (enum order) and heads / 16 (16..64).
-const SCORERS: [[[Kernel; 4]; 5]; 2] = {
+const SCORERS: [[[Kernel; 4]; 6]; 2] = {
     use Kernel::*;
     [
         [
@@ -443,6 +456,12 @@ const SCORERS: [[[Kernel; 4]; 5]; 2] = {
                 IndexerTmaFp8DecodeH32,
                 IndexerTmaFp8DecodeH48,
                 IndexerTmaFp8DecodeH64,
+            ],
+            [
+                IndexerTmaF16DecodeH16,
+                IndexerTmaF16DecodeH32,
+                IndexerTmaF16DecodeH48,
+                IndexerTmaF16DecodeH64,
             ],
         ],
         [
@@ -475,6 +494,12 @@ const SCORERS: [[[Kernel; 4]; 5]; 2] = {
                 IndexerTmaFp8PrefillH32,
                 IndexerTmaFp8PrefillH48,
                 IndexerTmaFp8PrefillH64,
+            ],
+            [
+                IndexerTmaF16PrefillH16,
+                IndexerTmaF16PrefillH32,
+                IndexerTmaF16PrefillH48,
+                IndexerTmaF16PrefillH64,
             ],
         ],
     ]
@@ -534,6 +559,15 @@ pub struct LaunchRecipe {
     /// One-chunk decode with few rows on Hopper (the plan's row state holds
     /// it): the grid selection, for calls whose rows fit `grid_select_shape`.
     grid_select: bool,
+    /// With the grid selection after the TMA decode scorer: a kernel clears
+    /// the row state first, the scorer (its programmatic dependent) counts
+    /// the first level's histogram into it as it writes the logits, and the
+    /// selection starts from that histogram (`gselect_pre`).
+    prehist: bool,
+    /// `b12x_indexer_zero_state` is loaded (Hopper): a top-k-only call
+    /// clears the grid selection's state with it, the selection its
+    /// programmatic dependent, where other devices take a memset.
+    zero_kernel: bool,
     physical: bool,
     stages: Stages,
 }
@@ -558,6 +592,27 @@ fn hopper_part(block_rows: u32) -> (u32, u32) {
     }
 }
 
+/// Dynamic shared memory of the exact TMA-fed scorers (mirrors `HpExactSmem`
+/// in kernels/indexer_hopper.cu; the kernel traps if given less): the K ring
+/// and its scales and ids, the f16 Q (256 bytes a head) and halved weights of
+/// each group that stages them (prefill: each consumer warpgroup, its rows of
+/// the block; decode: one, the row), the ring's barriers and the work scan.
+pub fn hopper_exact_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
+    let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
+    let groups = if block_rows == 1 { 1 } else { HOPPER_PREFILL_THREADS / 128 - 1 };
+    let n = block_rows / groups * heads_padded; // B rows of a group
+    let q = groups * n * 2 * HEAD_DIM;
+    let weights = groups * 4 * (n / 8 + 2) * 2 * 4;
+    let k = stages * PAGE_SIZE * HEAD_DIM;
+    let scales_and_ids = stages * (PAGE_SIZE * 4 + 4);
+    let barriers = 2 * stages * 8;
+    // the prefix, the warps' sums
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
+    // decode: the first selection level's histogram of a segment's row
+    let hist = if block_rows == 1 { SELECT_HIST_BINS * 4 } else { 0 };
+    k + q + scales_and_ids + weights + barriers + scan + hist + 1024
+}
+
 /// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
 /// kernels/indexer_hopper.cu; the kernel traps if given less).
 pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
@@ -568,8 +623,11 @@ pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let k = stages * PAGE_SIZE * HEAD_DIM;
     let scales_and_ids = stages * (PAGE_SIZE * 4 + 4) + lin_scales;
     let barriers = (2 * stages + 4) * 8;
-    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4; // the prefix, the warps' sums
-    k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
+    // the prefix, the warps' sums
+    let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
+    // decode: the first selection level's histogram of a segment's row
+    let hist = if block_rows == 1 { SELECT_HIST_BINS * 4 } else { 0 };
+    k + 2 * q_stage + scales_and_ids + barriers + scan + hist + 1024
 }
 
 impl LaunchRecipe {
@@ -590,10 +648,14 @@ impl LaunchRecipe {
         let heads_padded = plan.heads_padded();
         let fp8 = flavor == MmaFlavor::WgmmaFp8;
         let grid = match (route, flavor) {
-            (_, MmaFlavor::TmaFp8) => {
+            (_, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16) => {
                 let block_rows =
                     if route == Route::PagedDecode { 1 } else { TMA_PREFILL_BLOCK_ROWS };
-                let shared_bytes = hopper_shared_bytes(heads_padded, block_rows);
+                let shared_bytes = if flavor == MmaFlavor::TmaF16 {
+                    hopper_exact_shared_bytes(heads_padded, block_rows)
+                } else {
+                    hopper_shared_bytes(heads_padded, block_rows)
+                };
                 ScorerGrid::Tma { shared_bytes, heads_padded, block_rows }
             }
             (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
@@ -627,6 +689,11 @@ impl LaunchRecipe {
                 && s <= SELECT_MAX_CLUSTER * SELECT_THREADS * SELECT_MAX_PER_THREAD
                 && modules.has(Kernel::IndexerSelectP4),
             grid_select: plan.grid_select_state() && modules.has(Kernel::IndexerGridSelectP4),
+            zero_kernel: modules.has(Kernel::IndexerZeroState),
+            prehist: route == Route::PagedDecode
+                && matches!(flavor, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16)
+                && modules.has(Kernel::IndexerZeroState)
+                && modules.has(Kernel::IndexerGridSelectPreP4),
             physical: plan.caps().index_space == IndexSpace::Physical,
             stages: plan.stages(),
         })
@@ -786,6 +853,31 @@ impl BoundMaps {
     }
 }
 
+/// Enqueues `b12x_indexer_zero_state` over `score.zero_words` words at
+/// `score.zero` (the grid selection's row state): a CTA per 512 words, at
+/// most one per SM; it lets its dependent launch at once.
+///
+/// # Safety
+/// `score.zero` must be `score.zero_words` writable words of the device.
+unsafe fn launch_zero_state(
+    device: u32,
+    score: &mut ScoreParams,
+    recipe: &LaunchRecipe,
+    stream: u64,
+) -> Result<()> {
+    let ctas = score.zero_words.div_ceil(ZERO_STATE_THREADS * 4).clamp(1, recipe.multiprocessors);
+    let config = LaunchConfig {
+        grid: (ctas, 1, 1),
+        block: (ZERO_STATE_THREADS, 1, 1),
+        shared_bytes: 0,
+        cluster: 1,
+        dependent: false,
+    };
+    let mut args = [std::ptr::addr_of_mut!(*score) as *mut c_void];
+    // SAFETY: ScoreParams mirrors the kernel's struct; the caller vouches for `zero`.
+    unsafe { launch(device, Kernel::IndexerZeroState, config, stream, &mut args) }
+}
+
 /// Enqueues the whole indexer call of `b` on `stream` (a CUstream of the
 /// binding's device) as `recipe` (the binding's plan's) says: no allocation,
 /// no sync. A call with zero rows enqueues nothing.
@@ -811,8 +903,9 @@ pub unsafe fn launch_indexer(
     let chunks = num_chunks(a.width, s).max(1);
     let (pages_per_cta, score_config) = recipe.scorer_launch(a.rows, s);
     let pages = kernel_pages(a.pages);
-    // The grid selection's row state is cleared by the scorer before it (or,
-    // when no scorer runs, by a memset).
+    // The grid selection's row state is cleared by the scorer before it, by
+    // a clearing kernel before the TMA decode scorer that counts the first
+    // level into it (`prehist`), or, when no scorer runs, by a memset.
     let grid_select = if recipe.grid_select && recipe.stages.selects() {
         grid_select_shape(a.rows, s, recipe.multiprocessors)
     } else {
@@ -820,6 +913,9 @@ pub unsafe fn launch_indexer(
     };
     let state = b.region_address(RegionId::RowState);
     let zero_words = if grid_select.is_some() { a.rows * SELECT_STATE_WORDS as u32 } else { 0 };
+    // The scorer counts the first level (after the clearing kernel) when both run.
+    let prehist =
+        recipe.prehist && grid_select.is_some() && recipe.stages.scores() && maps.hopper.is_some();
     let partial = |id| if recipe.slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
@@ -869,6 +965,7 @@ pub unsafe fn launch_indexer(
         pages,
         zero_words,
         zero: state,
+        hist: 0,
     };
     let mut hopper = maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams {
         k_map,
@@ -876,6 +973,13 @@ pub unsafe fn launch_indexer(
         q_map,
         s: score,
     });
+    if prehist {
+        // The TMA decode scorer clears nothing and counts the first level into the state.
+        if let Some(h) = hopper.as_mut() {
+            h.s.zero_words = 0;
+            h.s.hist = state;
+        }
+    }
     let mut score = score;
     let fold = if a.rows <= recipe.multiprocessors { recipe.fold_few } else { recipe.fold_many };
     // The two-stage kernels run the general paths only (no stage): the staged
@@ -893,6 +997,11 @@ pub unsafe fn launch_indexer(
     }
     for c in 0..chunks {
         if recipe.stages.scores() {
+            if prehist {
+                // The clearing kernel; the scorer is its programmatic dependent.
+                // SAFETY: `score` holds the binding's row state, `zero_words` words.
+                unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
+            }
             score.chunk_start = c * s;
             let mut args = match hopper.as_mut() {
                 Some(h) => {
@@ -901,9 +1010,10 @@ pub unsafe fn launch_indexer(
                 }
                 None => [std::ptr::addr_of_mut!(score) as *mut c_void],
             };
+            let config = LaunchConfig { dependent: prehist, ..score_config };
             // SAFETY: ScoreParams / HopperParams mirror the kernels' parameter
             // structs; pointer validity is the caller's contract.
-            unsafe { launch(a.device, recipe.scorer, score_config, stream, &mut args)? };
+            unsafe { launch(a.device, recipe.scorer, config, stream, &mut args)? };
         }
         if !recipe.stages.selects() {
             continue;
@@ -931,12 +1041,17 @@ pub unsafe fn launch_indexer(
             // start; the selection waits for its logits in griddepcontrol.wait).
             let (kernel, cfg) = match grid_select {
                 Some((parts, per)) => {
-                    if !recipe.stages.scores() {
+                    if !recipe.stages.scores() && recipe.zero_kernel {
+                        // The clearing kernel, the selection its programmatic
+                        // dependent (it reads the state past its pdl_wait).
+                        // SAFETY: `score` holds the binding's row state, `zero_words` words.
+                        unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
+                    } else if !recipe.stages.scores() {
                         // SAFETY: the row state is the binding's scratch, `zero_words` words.
                         unsafe { memset_u32(a.device, state, zero_words, stream)? };
                     }
                     let cfg = select_config((parts, a.rows, 1), 1, GRID_SELECT_SHARED_BYTES);
-                    (grid_select_kernel(per), cfg)
+                    (grid_select_kernel(per, prehist), cfg)
                 }
                 None => {
                     let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
@@ -1046,7 +1161,10 @@ mod tests {
             ("SG_CAND_CAP", SELECT_CANDIDATES),
             ("SC_CAND_CAP", CLUSTER_SELECT_CANDIDATES as u64),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
-            ("SEL_BINS", 2048),
+            ("SEL_BINS", SELECT_HIST_BINS as u64),
+            ("IDX_HIST_BINS", SELECT_HIST_BINS as u64),
+            ("IDX_SELECT_STATE_WORDS", SELECT_STATE_WORDS),
+            ("IDX_ZERO_STATE_THREADS", ZERO_STATE_THREADS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");
         }
@@ -1058,12 +1176,12 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 12 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
-        assert_eq!(std::mem::size_of::<ScoreParams>(), 12 * 8 + 8 * 4);
+        // 13 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        assert_eq!(std::mem::size_of::<ScoreParams>(), 13 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
         // three 64-byte aligned 128-byte tensor maps, then the score block, padded to 64
         assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
-        assert_eq!(std::mem::size_of::<HopperParams>(), 512);
+        assert_eq!(std::mem::size_of::<HopperParams>(), 576);
         assert_eq!(std::mem::align_of::<HopperParams>(), 64);
         assert_eq!(std::mem::size_of::<SelectParams>(), 10 * 8 + 6 * 4);
     }
@@ -1086,6 +1204,17 @@ mod tests {
     }
 
     #[test]
+    fn grid_selection_kernels_by_width_and_first_level() {
+        use Kernel::*;
+        let own = [4, 8, 16].map(|per| grid_select_kernel(per, false));
+        let pre = [4, 8, 16].map(|per| grid_select_kernel(per, true));
+        assert_eq!(own, [IndexerGridSelectP4, IndexerGridSelectP8, IndexerGridSelectP16]);
+        assert_eq!(pre, [IndexerGridSelectPreP4, IndexerGridSelectPreP8, IndexerGridSelectPreP16]);
+        // the entry points the PTX exports (checked in ptx.rs): gselect_pre_p{4,8,16}
+        assert_eq!(IndexerGridSelectPreP8.symbol(), "b12x_indexer_gselect_pre_p8");
+    }
+
+    #[test]
     fn grid_select_shapes() {
         // one row x 131072: 32 CTAs of 4096 logits
         assert_eq!(grid_select_shape(1, 131072, 132), Some((32, 4)));
@@ -1105,10 +1234,11 @@ mod tests {
     #[test]
     fn hopper_shapes_fit_the_h200() {
         const H200: u32 = 232448;
-        // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers, the scan
+        // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers,
+        // the scan, the first selection level's histogram
         assert_eq!(
             hopper_shared_bytes(64, 1),
-            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
+            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 2048 * 4 + 1024
         );
         // prefill: 4 parts of 2 rows x 64 heads of Q and 2 x 4 linear-part
         // rows per stage, the levels' scales
@@ -1217,6 +1347,23 @@ mod tests {
     }
 
     #[test]
+    fn exact_tma_shapes() {
+        // prefill, 64 heads: 8 x 8 KiB ring, two warpgroups' f16 Q (4 rows x 64
+        // heads x 256 bytes each), 8 stages' scales and ids, both warpgroups' weights
+        // (4 lanes x 34 pairs x 8 bytes), 16 barriers, the scan, the alignment.
+        let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 128;
+        let expect = 65536 + 131072 + 8 * 260 + 2 * 1088 + 128 + scan + 1024;
+        assert_eq!(hopper_exact_shared_bytes(64, TMA_PREFILL_BLOCK_ROWS), expect);
+        // under the H200's opt-in limit, with room for the kernel's own alignment
+        assert!(expect <= 232_448, "{expect}");
+        // decode: 16 x 8 KiB ring, one row's f16 Q (64 heads x 256 bytes), one
+        // set of weights (4 lanes x 10 pairs x 8 bytes), 32 barriers, the scan
+        // and the first selection level's histogram
+        let expect = 131072 + 16384 + 16 * 260 + 320 + 256 + scan + 2048 * 4 + 1024;
+        assert_eq!(hopper_exact_shared_bytes(64, 1), expect);
+    }
+
+    #[test]
     fn scorer_table_matches_route_flavor_and_heads() {
         for (route, name) in [(Route::PagedDecode, "decode"), (Route::SharedPrefill, "prefill")] {
             for flavor in MmaFlavor::ALL {
@@ -1225,7 +1372,10 @@ mod tests {
                     let symbol = scorer(route, flavor, heads).symbol();
                     let flavor_first = matches!(
                         flavor,
-                        MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8 | MmaFlavor::TmaFp8
+                        MmaFlavor::Wgmma
+                            | MmaFlavor::WgmmaFp8
+                            | MmaFlavor::TmaFp8
+                            | MmaFlavor::TmaF16
                     );
                     let expected = if flavor_first {
                         format!("b12x_indexer_{tag}_{name}_h{tile}")
@@ -1246,8 +1396,10 @@ mod tests {
             for precision in [Precision::Exact, Precision::Fast] {
                 let flavor = MmaFlavor::for_device(cc, precision);
                 for route in [Route::PagedDecode, Route::SharedPrefill] {
-                    let kernel = scorer(route, flavor, 64);
-                    assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
+                    for f in [flavor, flavor.fallback()] {
+                        let kernel = scorer(route, f, 64);
+                        assert!(kernel.module().target.runs_on(cc), "{cc:?}: {kernel:?}");
+                    }
                 }
             }
         }

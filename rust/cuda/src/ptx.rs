@@ -162,6 +162,15 @@ modules! {
         IndexerTmaFp8PrefillH32 = "b12x_indexer_tma_fp8_prefill_h32",
         IndexerTmaFp8PrefillH48 = "b12x_indexer_tma_fp8_prefill_h48",
         IndexerTmaFp8PrefillH64 = "b12x_indexer_tma_fp8_prefill_h64",
+        IndexerTmaF16DecodeH16 = "b12x_indexer_tma_f16_decode_h16",
+        IndexerTmaF16DecodeH32 = "b12x_indexer_tma_f16_decode_h32",
+        IndexerTmaF16DecodeH48 = "b12x_indexer_tma_f16_decode_h48",
+        IndexerTmaF16DecodeH64 = "b12x_indexer_tma_f16_decode_h64",
+        IndexerTmaF16PrefillH16 = "b12x_indexer_tma_f16_prefill_h16",
+        IndexerTmaF16PrefillH32 = "b12x_indexer_tma_f16_prefill_h32",
+        IndexerTmaF16PrefillH48 = "b12x_indexer_tma_f16_prefill_h48",
+        IndexerTmaF16PrefillH64 = "b12x_indexer_tma_f16_prefill_h64",
+        IndexerZeroState = "b12x_indexer_zero_state",
     ],
     indexer_select: Sm90a => [
         IndexerSelectP4 = "b12x_indexer_select_p4",
@@ -170,6 +179,9 @@ modules! {
         IndexerGridSelectP4 = "b12x_indexer_gselect_p4",
         IndexerGridSelectP8 = "b12x_indexer_gselect_p8",
         IndexerGridSelectP16 = "b12x_indexer_gselect_p16",
+        IndexerGridSelectPreP4 = "b12x_indexer_gselect_pre_p4",
+        IndexerGridSelectPreP8 = "b12x_indexer_gselect_pre_p8",
+        IndexerGridSelectPreP16 = "b12x_indexer_gselect_pre_p16",
     ],
 }
 

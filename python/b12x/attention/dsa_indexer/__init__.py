@@ -55,8 +55,9 @@ within 1e-3 of the fp32 reference relative to its magnitude
 negative), and the selected set equal to the reference's except for indices
 whose logit lies within that tolerance of the k-th value. Where the hardware
 has no faster path, "fast" is exact. ``Plan.mma_flavor`` (and the plan's
-repr) says which flavor runs: "e4m3", "f16", "wgmma", "wgmma_fp8", "tma_fp8"
-(the fast one on Hopper: the FP8 wgmma scorers fed by TMA) or "reference" (CPU).
+repr) says which flavor runs: "e4m3", "f16", "wgmma", "tma_f16" (the exact one
+on Hopper: f16 wgmma scorers fed by TMA), "wgmma_fp8", "tma_fp8" (the fast one on
+Hopper: the FP8 wgmma scorers fed by TMA) or "reference" (CPU).
 
 Page ids
 --------

@@ -53,11 +53,22 @@ pub enum MmaFlavor {
     /// persistent CTAs (kernels/indexer_hopper.cu, sm_90a only). Serves plans
     /// of at most [`TMA_MAX_ROW_BLOCKS`] row blocks.
     TmaFp8,
+    /// The exact flavor of that pipeline: the TMA-fed K pages widened to f16
+    /// in registers (A), the rows' Q staged as f16 (B), `wgmma m64nNk16 .f16`
+    /// with fp32 accumulation, as [`MmaFlavor::Wgmma`]. Same row-block bound
+    /// as [`MmaFlavor::TmaFp8`].
+    TmaF16,
 }
 
 impl MmaFlavor {
-    pub const ALL: [MmaFlavor; 5] =
-        [MmaFlavor::E4m3, MmaFlavor::F16, MmaFlavor::Wgmma, MmaFlavor::WgmmaFp8, MmaFlavor::TmaFp8];
+    pub const ALL: [MmaFlavor; 6] = [
+        MmaFlavor::E4m3,
+        MmaFlavor::F16,
+        MmaFlavor::Wgmma,
+        MmaFlavor::WgmmaFp8,
+        MmaFlavor::TmaFp8,
+        MmaFlavor::TmaF16,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -66,6 +77,7 @@ impl MmaFlavor {
             MmaFlavor::Wgmma => "wgmma",
             MmaFlavor::WgmmaFp8 => "wgmma_fp8",
             MmaFlavor::TmaFp8 => "tma_fp8",
+            MmaFlavor::TmaF16 => "tma_f16",
         }
     }
 
@@ -78,7 +90,7 @@ impl MmaFlavor {
         MmaFlavor::ALL.into_iter().find(|f| f.name() == s).ok_or_else(|| Error::InvalidValue {
             op: "plan",
             operand: "mma_flavor".into(),
-            expected: "one of {e4m3, f16, wgmma, wgmma_fp8, tma_fp8}".into(),
+            expected: "one of {e4m3, f16, wgmma, wgmma_fp8, tma_fp8, tma_f16}".into(),
             got: format!("{s:?}"),
         })
     }
@@ -89,7 +101,7 @@ impl MmaFlavor {
     pub fn for_device(cc: (u32, u32), precision: Precision) -> MmaFlavor {
         match (cc, precision) {
             ((8, 9) | (12, _), _) => MmaFlavor::E4m3,
-            ((9, 0), Precision::Exact) => MmaFlavor::Wgmma,
+            ((9, 0), Precision::Exact) => MmaFlavor::TmaF16,
             ((9, 0), Precision::Fast) => MmaFlavor::TmaFp8,
             _ => MmaFlavor::F16,
         }
@@ -102,7 +114,18 @@ impl MmaFlavor {
             Mode::Decode => 1,
             Mode::Prefill => TMA_PREFILL_BLOCK_ROWS,
         };
-        self != MmaFlavor::TmaFp8 || rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
+        !matches!(self, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16)
+            || rows.div_ceil(block_rows) <= TMA_MAX_ROW_BLOCKS
+    }
+
+    /// What runs where this flavor does not serve a plan: the wgmma scorer
+    /// of the same precision.
+    pub const fn fallback(self) -> MmaFlavor {
+        match self {
+            MmaFlavor::TmaFp8 => MmaFlavor::WgmmaFp8,
+            MmaFlavor::TmaF16 => MmaFlavor::Wgmma,
+            other => other,
+        }
     }
 }
 
@@ -235,7 +258,8 @@ impl Plan {
                     op: "plan",
                     operand: "mma_flavor".into(),
                     expected: format!(
-                        "a flavor that serves {} {} rows (tma_fp8: at most {} row blocks)",
+                        "a flavor that serves {} {} rows (tma_fp8, tma_f16: at most {} row \
+                         blocks)",
                         caps.max_q_rows,
                         caps.mode.name(),
                         TMA_MAX_ROW_BLOCKS
@@ -248,11 +272,7 @@ impl Plan {
             (true, None) => {
                 let best = MmaFlavor::for_device(device.compute_capability, caps.precision);
                 // The TMA scorers past their row-block bound: the wgmma ones.
-                Some(if best.serves(caps.mode, caps.max_q_rows) {
-                    best
-                } else {
-                    MmaFlavor::WgmmaFp8
-                })
+                Some(if best.serves(caps.mode, caps.max_q_rows) { best } else { best.fallback() })
             }
             (false, None) => None,
             (false, Some(f)) => {
@@ -542,11 +562,36 @@ mod tests {
     }
 
     #[test]
+    fn exact_on_hopper_takes_the_tma_f16_scorers_where_they_serve() {
+        let on = DeviceFacts { multiprocessors: 132, compute_capability: (9, 0) };
+        let exact = |rows, mode| caps(64, rows, 8, 512, 0, mode);
+        let flavor = |rows, mode| Plan::new(&exact(rows, mode), &on).unwrap().mma_flavor();
+        // decode blocks are one row, prefill blocks eight
+        assert_eq!(flavor(4096, Mode::Decode), Some(MmaFlavor::TmaF16));
+        assert_eq!(flavor(32768, Mode::Prefill), Some(MmaFlavor::TmaF16));
+        // past the work scan's row blocks: the wgmma scorer of the same precision
+        assert_eq!(flavor(5120, Mode::Decode), Some(MmaFlavor::Wgmma));
+        assert_eq!(flavor(40960, Mode::Prefill), Some(MmaFlavor::Wgmma));
+        assert!(MmaFlavor::TmaF16.is_exact());
+        assert_eq!(MmaFlavor::TmaF16.fallback(), MmaFlavor::Wgmma);
+        assert_eq!(MmaFlavor::parse("tma_f16").unwrap(), MmaFlavor::TmaF16);
+        let forced = PlanOptions { mma_flavor: Some(MmaFlavor::TmaF16), ..PlanOptions::default() };
+        let err = Plan::with_options(&exact(40960, Mode::Prefill), &on, &forced).unwrap_err();
+        assert!(err.to_string().contains("serves 40960 prefill rows"), "{err}");
+        let p = Plan::with_options(&exact(64, Mode::Decode), &on, &forced).unwrap();
+        assert!(p.to_string().ends_with("mma_flavor=tma_f16"), "{p}");
+        // elsewhere exact keeps its flavor
+        let off = DeviceFacts { multiprocessors: 132, compute_capability: (12, 0) };
+        let p = Plan::new(&exact(4096, Mode::Prefill), &off).unwrap();
+        assert_eq!(p.mma_flavor(), Some(MmaFlavor::E4m3));
+    }
+
+    #[test]
     fn the_plan_resolves_the_mma_flavor() {
         let c = caps(64, 1, 8, 512, 0, Mode::Decode);
         let on = |cc| DeviceFacts { multiprocessors: 132, compute_capability: cc };
         let flavor = |cc| Plan::new(&c, &on(cc)).unwrap().mma_flavor();
-        assert_eq!(flavor((9, 0)), Some(MmaFlavor::Wgmma));
+        assert_eq!(flavor((9, 0)), Some(MmaFlavor::TmaF16));
         assert_eq!(flavor((8, 9)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((12, 0)), Some(MmaFlavor::E4m3));
         assert_eq!(flavor((10, 0)), Some(MmaFlavor::F16));

@@ -278,7 +278,8 @@ impl PyPlan {
         self.plan.caps().precision.name()
     }
     /// The scorers' MMA flavor, resolved from the device and the precision:
-    /// "e4m3", "f16", "wgmma" (exact) or "wgmma_fp8" / "tma_fp8" (fast, sm_90) on a GPU
+    /// "e4m3", "f16", "wgmma" / "tma_f16" (exact; sm_90) or "wgmma_fp8" /
+    /// "tma_fp8" (fast, sm_90) on a GPU
     /// (see ``b12x_core::indexer::MmaFlavor``), "reference" on the CPU.
     #[getter]
     fn mma_flavor(&self) -> &'static str {
