@@ -485,7 +485,8 @@ def run(args: argparse.Namespace) -> BenchResult:
             except ConfigError as e:
                 if "serves" not in str(e):
                     raise
-                result.notes.append(f"{name}: no b12x_{flavor} arm: {e}")  # e.g. tma_f16 decode
+                # e.g. a TMA flavor past its row blocks (Plan: "a flavor that serves ...")
+                result.notes.append(f"{name}: no b12x_{flavor} arm: {e}")
                 continue
             forced = bind(forced_plan)
             samples = timer(partial(di.run, forced))
