@@ -42,16 +42,9 @@ struct ScoreParams {
     u32 pages;                // pages of the K cache, min(shape[0], 2^31)
     u32 zero_words;           // words of `zero` to clear (0: none)
     u32* zero;                // the grid selection's state (indexer_select.cu), or null
-    // The grid selection's state, IDX_SELECT_STATE_WORDS a row, when this
-    // scorer counts the first level's histogram into it (the TMA decode
-    // scorer after b12x_indexer_zero_state), else null.
-    u32* hist;
 };
 
-// The grid selection's row state (indexer_select.cu's layout): its first
-// IDX_HIST_BINS words are the first level's histogram, over a key's top 11
-// bits (sel_key below).
-#define IDX_HIST_BINS 2048
+// Words of the grid selection's row state (indexer_select.cu's layout).
 #define IDX_SELECT_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 
 // Clears the state the grid selection launched after this scorer relies on

@@ -118,9 +118,7 @@ struct HpSmem {
     // full_k[STAGES], empty_k[STAGES], full_q[2], empty_q[2]
     static constexpr u32 PREFIX = BAR + (2 * STAGES + 4) * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
-    // decode: the first level's histogram of the segment's row (ScoreParams::hist)
-    static constexpr u32 HIST = WARP_SUMS + 32 * 4;
-    static constexpr u32 BYTES = HIST + (RPB == 1 ? IDX_HIST_BINS * 4 : 0);
+    static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
     static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
     static_assert(Q_PART % 1024 == 0, "Q parts stay on the swizzle period");
     static_assert(RPB % PART_ROWS == 0, "whole parts");
@@ -294,35 +292,6 @@ __device__ __forceinline__ void hp_segments(const ScoreParams& p, const u32* pre
     }
 }
 
-// Decode's histogram of the first selection level (ScoreParams::hist,
-// LaunchRecipe::prehist): the scorer CTA counts each segment's keys in
-// shared memory (`hist`, IDX_HIST_BINS words; LaneRows::store), then adds
-// the nonzero bins to the row's state once the kernel that cleared it (this
-// grid's programmatic predecessor) is complete. CT consumer threads, ct
-// their index, call both.
-template <u32 CT>
-__device__ __forceinline__ void hp_hist_begin(u32* hist, u32 ct) {
-    for (u32 b = ct; b < IDX_HIST_BINS; b += CT) hist[b] = 0u;
-    pdl_wait();
-    group_barrier(HP_CONSUMERS_BARRIER, CT);
-}
-
-// At a segment's end: every consumer's counts of it are in; the row's
-// histogram takes them, and the next segment starts from zero.
-template <u32 CT>
-__device__ __forceinline__ void hp_hist_flush(const ScoreParams& p, u32* hist, u32 row, u32 ct) {
-    group_barrier(HP_CONSUMERS_BARRIER, CT);
-    u32* row_hist = p.hist + (u64)row * IDX_SELECT_STATE_WORDS;
-    for (u32 b = ct; b < IDX_HIST_BINS; b += CT) {
-        const u32 c = hist[b];
-        if (c != 0u) {
-            atomicAdd(&row_hist[b], c);
-            hist[b] = 0u;
-        }
-    }
-    group_barrier(HP_CONSUMERS_BARRIER, CT);
-}
-
 // The logits a consumer lane stores in a segment: rows row0 + lane_out.row
 // + 2 m (m < OUTS), token lane_out.token of each page; their chunk tokens
 // bound the stores.
@@ -339,31 +308,26 @@ struct LaneRows {
         }
     }
     // Page `page`'s logits val[m] times its token's scale, or "not a
-    // candidate" on an unmapped page; with `hist` (decode's first selection
-    // level, hp_hist_*), each stored candidate's key is counted there too.
+    // candidate" on an unmapped page.
     __device__ __forceinline__ void store(const QuadLogit<R>& lo, u32 page,
                                           const float (&val)[OUTS], i32 pid, float sc,
-                                          float skip, u32* hist) const {
+                                          float skip) const {
         const u32 t = page * IDX_PAGE_ROWS + lo.token;  // chunk-local
 #pragma unroll
         for (int m = 0; m < OUTS; ++m)
-            if (lo.stores && t < n[m]) {
-                const float v = pid >= 0 ? val[m] * sc : skip;
-                out[m][page * IDX_PAGE_ROWS] = v;
-                const u32 key = hist != nullptr ? sel_key(v) : 0u;
-                if (key != 0u) atomicAdd(&hist[key >> 21], 1u);
-            }
+            if (lo.stores && t < n[m])
+                out[m][page * IDX_PAGE_ROWS] = pid >= 0 ? val[m] * sc : skip;
     }
     // The same from this lane's shares x of the quad's 2 R sums.
     __device__ __forceinline__ void reduce_store(const QuadLogit<R>& lo, u32 tig, u32 page,
                                                  const float (&x)[2 * R], i32 pid, float sc,
-                                                 float skip, u32* hist) const {
+                                                 float skip) const {
         float val[OUTS];
         if constexpr (R == 1)
             val[0] = quad_reduce_scatter<2>(x, tig);
         else
             quad_reduce_scatter(x, tig, val);
-        store(lo, page, val, pid, sc, skip, hist);
+        store(lo, page, val, pid, sc, skip);
     }
 };
 
@@ -646,12 +610,6 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     // Descriptors advance by address / 16 (the start field): K stage st and
     // k32 step s are k_desc + st * HP_PAGE_K_BYTES / 16 + 2 s.
     const u64 k_desc = hp_desc(base + L::K);
-    // Decode's first selection level, counted here (hp_hist_begin)
-    const bool count = !PREFILL && p.hist != nullptr;
-    u32* hist = reinterpret_cast<u32*>(smem + L::HIST);
-    constexpr u32 CT = 128 * CONSUMERS;  // consumer threads
-    const u32 ct = threadIdx.x - 128;
-    if (count) hp_hist_begin<CT>(hist, ct);
     u32 kit = 0, sit = 0;
     hp_segments<RPB, UNIT>(p, prefix, blocks, [&](u32 blk, u32 pb, u32 pe) {
         const BlockRows<RPB> br = hp_block<RPB>(p, blk);
@@ -736,7 +694,7 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
             }
         };
         auto store = [&](u32 page, const float (&x)[2 * QR], i32 pid, float sc) {
-            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
+            mine.reduce_store(lane_out, tig, page, x, pid, sc, skip);
         };
         if constexpr (!PREFILL) {
             // Pages round-robin over the warpgroups, one at a time.
@@ -753,7 +711,6 @@ __device__ __forceinline__ void hp_score(const HopperParams& hp) {
                 accumulate(Int<0>{}, x);
                 store(page, x, pid, sc);
             }
-            if (count) hp_hist_flush<CT>(p, hist, br.row0, ct);
         } else {
             // Every page, in runs of R pages whose parts roll: each part's
             // epilogue but the run's last runs while the next part's MMAs do
@@ -841,9 +798,7 @@ struct HpExactSmem {
     static constexpr u32 BAR = PID + STAGES * 4;  // full_k[STAGES], empty_k[STAGES]
     static constexpr u32 PREFIX = BAR + 2 * STAGES * 8;
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
-    // decode: the first level's histogram of the segment's row (ScoreParams::hist)
-    static constexpr u32 HIST = WARP_SUMS + 32 * 4;
-    static constexpr u32 BYTES = HIST + (PREFILL ? 0 : IDX_HIST_BINS * 4);
+    static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
     static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
     static_assert(!PREFILL || QR == 4, "prefill: two parts of two rows");
     static_assert(Q_HALF % 1024 == 0 && (UN * IDX_HEAD_DIM) % 1024 == 0,
@@ -889,11 +844,6 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
     const u32 q_base = smem_addr(q_group);
     float d[PARTS][Mma::REGS];
     u32 a[8][4];  // the page's A fragments, live until its last MMA is done
-    // Decode's first selection level, counted here (hp_hist_begin)
-    const bool count = !PREFILL && p.hist != nullptr;
-    u32* hist = reinterpret_cast<u32*>(smem + L::HIST);
-    constexpr u32 CT = 128 * CONSUMERS;  // consumer threads
-    if (count) hp_hist_begin<CT>(hist, threadIdx.x - 128);
 
     // Part P's eight k16 MMAs (B rows [P UN, + UN) of both halves) into d[P].
     auto issue = [&](auto part) {
@@ -996,7 +946,7 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
                         issue(Int<0>{});
                     }
                     accumulate(Int<1>{}, x);
-                    mine.reduce_store(lane_out, tig, page0 + i, x, pid_i, sc_i, skip, nullptr);
+                    mine.reduce_store(lane_out, tig, page0 + i, x, pid_i, sc_i, skip);
                     if (i + 1 < R) issue(Int<1>{});
                 }
                 kit += R;
@@ -1017,10 +967,9 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
                 hp_wgmma_wait<0>();
                 keep_a();
                 accumulate(Int<0>{}, x);
-                mine.reduce_store(lane_out, tig, page, x, pid, sc, skip, count ? hist : nullptr);
+                mine.reduce_store(lane_out, tig, page, x, pid, sc, skip);
             }
         }
-        if (count) hp_hist_flush<CT>(p, hist, br.row0, threadIdx.x - 128);
     });
 }
 
@@ -1042,12 +991,11 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
     HOPPER_FLAVOR(fp8, hp_score, HEADS) \
     HOPPER_FLAVOR(f16, hp_score_exact, HEADS)
 
-// Clears the grid selection's row state before a decode scorer that counts
-// into it (ScoreParams::hist). That scorer is this grid's programmatic
-// dependent: it starts at once and waits for this grid only before its
-// first add, so nothing of the call waits for the clearing but those adds.
-// Small CTAs (ZERO_STATE_THREADS in rust/cuda/src/indexer.rs), so that one
-// fits an SM beside a scorer CTA's 640 threads at 96 registers.
+// Clears the grid selection's row state in a call that scores nothing (a
+// top-k-only call; otherwise the scorer clears it). The selection is this
+// grid's programmatic dependent: it starts at once and reads the state only
+// past its pdl_wait. Small CTAs (ZERO_STATE_THREADS in
+// rust/cuda/src/indexer.rs).
 #define IDX_ZERO_STATE_THREADS 128
 B12X_KERNEL void __launch_bounds__(IDX_ZERO_STATE_THREADS) b12x_indexer_zero_state(const ScoreParams p) {
     pdl_launch_dependents();

@@ -469,7 +469,6 @@ SELECT_KERNELS(select, select_cluster)
 #define SG_TIES (SG_ARRIVE + 128)         // per-CTA counts of the k-th key
 #define SG_STATE_WORDS IDX_SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
-static_assert(SEL_BINS == IDX_HIST_BINS, "the first level's histogram, as a scorer counts it");
 #define SG_CAND_CAP 14336  // rust/core SELECT_CANDIDATES; x 8 bytes of dynamic shared memory
 
 // Waits until `target` arrivals (every CTA of the row, once per barrier so
@@ -501,11 +500,7 @@ __device__ __forceinline__ bool last_to_arrive(u32* done, u32 parts, u32* flag) 
     return *flag != 0u;
 }
 
-// PREHIST: the scorer before this kernel already counted the first level's
-// histogram into the row state (after b12x_indexer_zero_state cleared it,
-// kernels/indexer_hopper.cu), so the first level reads it as it is: no
-// histogram of its own keys, no adds, no row barrier.
-template <int PER, bool PREHIST>
+template <int PER>
 __device__ __forceinline__ void select_grid(const SelectParams& p) {
     extern __shared__ u64 pool[];   // the last CTA's copy of the candidates
     __shared__ u32 hist[SEL_BINS];  // this CTA's counts of the level
@@ -528,8 +523,6 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
 
     u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
     bool gather = false;
-    // Row barriers so far count one arrival a CTA for each level it histogrammed.
-    constexpr u32 OWN_LEVEL0 = PREHIST ? 0u : 1u;
     // Levels: digits of bits 31..21, 20..10, 9..0 (the last two only when
     // the first's bin is too big to gather).
 #pragma unroll
@@ -537,21 +530,19 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
         const u32 bins = level == 2 ? 1024u : 2048u;
         u32* gh = st + level * SEL_BINS;
-        if (!(PREHIST && level == 0)) {
-            // `hist` zeroed (later levels: before the previous level's barrier)
-            if (level == (PREHIST ? 1 : 0)) __syncthreads();
+        // `hist` zeroed (later levels: before the previous level's barrier)
+        if (level == 0) __syncthreads();
 #pragma unroll
-            for (int i = 0; i < PER; ++i)
-                if (key[i] != 0u && (key[i] & pmask) == prefix)
-                    atomicAdd(&hist[(key[i] >> shift) & (bins - 1)], 1u);
-            __syncthreads();
-            for (u32 b = tid; b < bins; b += SEL_THREADS) {
-                const u32 c = hist[b];
-                if (c != 0u) atomicAdd(&gh[b], c);
-                hist[b] = 0u;  // for the next level (past this level's barrier)
-            }
-            row_barrier(&st[SG_ARRIVE], (level + OWN_LEVEL0) * parts);
+        for (int i = 0; i < PER; ++i)
+            if (key[i] != 0u && (key[i] & pmask) == prefix)
+                atomicAdd(&hist[(key[i] >> shift) & (bins - 1)], 1u);
+        __syncthreads();
+        for (u32 b = tid; b < bins; b += SEL_THREADS) {
+            const u32 c = hist[b];
+            if (c != 0u) atomicAdd(&gh[b], c);
+            hist[b] = 0u;  // for the next level (past this level's barrier)
         }
+        row_barrier(&st[SG_ARRIVE], (level + 1) * parts);
         find_digit(bins, [&](u32 b) { return __ldcg(&gh[b]); },
                    [&](u32 all) { return level_need(level, all, K, total, need); }, sums, found);
         if (level == 0 && total <= K) break;  // uniform over the row: every candidate goes in
@@ -593,7 +584,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     u32 take = count;
     if (need < ties) {
         if (tid == 0) st[SG_TIES + part] = count;
-        row_barrier(&st[SG_ARRIVE], (SG_LEVELS + OWN_LEVEL0) * parts);
+        row_barrier(&st[SG_ARRIVE], (SG_LEVELS + 1) * parts);
         const u32 lower = tid < part ? __ldcg(&st[SG_TIES + tid]) : 0u;  // the lower CTAs' counts
         u32 all_lower;
         (void)block_exclusive_sum<SEL_THREADS>(lower, sums, all_lower);
@@ -602,14 +593,4 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     emit(t.first_equal(prefix, ahead, take));
 }
 
-template <int PER>
-__device__ __forceinline__ void select_grid_own(const SelectParams& p) {
-    select_grid<PER, false>(p);
-}
-template <int PER>
-__device__ __forceinline__ void select_grid_prehist(const SelectParams& p) {
-    select_grid<PER, true>(p);
-}
-
-SELECT_KERNELS(gselect, select_grid_own)
-SELECT_KERNELS(gselect_pre, select_grid_prehist)
+SELECT_KERNELS(gselect, select_grid)

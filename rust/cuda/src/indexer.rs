@@ -112,9 +112,6 @@ struct ScoreParams {
     /// Words of `zero` the scorer clears (the grid selection's row state).
     zero_words: u32,
     zero: u64,
-    /// The grid selection's row state, when the scorer counts the first
-    /// level's histogram into it (`LaunchRecipe::prehist`), else 0.
-    hist: u64,
 }
 
 /// Parameters of the TMA-fed scorers (`HopperParams` in
@@ -245,22 +242,19 @@ pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u3
     })
 }
 
-fn grid_select_kernel(per: u32, prehist: bool) -> Kernel {
-    match (per, prehist) {
-        (4, false) => Kernel::IndexerGridSelectP4,
-        (8, false) => Kernel::IndexerGridSelectP8,
-        (_, false) => Kernel::IndexerGridSelectP16,
-        (4, true) => Kernel::IndexerGridSelectPreP4,
-        (8, true) => Kernel::IndexerGridSelectPreP8,
-        (_, true) => Kernel::IndexerGridSelectPreP16,
+fn grid_select_kernel(per: u32) -> Kernel {
+    match per {
+        4 => Kernel::IndexerGridSelectP4,
+        8 => Kernel::IndexerGridSelectP8,
+        _ => Kernel::IndexerGridSelectP16,
     }
 }
 
 /// Threads of a `b12x_indexer_zero_state` CTA (`IDX_ZERO_STATE_THREADS`, its
-/// launch bound): small, so that it fits an SM beside a decode scorer CTA.
+/// launch bound).
 const ZERO_STATE_THREADS: u32 = 128;
 
-/// Bins of the selections' first level (`IDX_HIST_BINS`): a key's top 11 bits.
+/// Bins of the selections' first level (`SEL_BINS`): a key's top 11 bits.
 const SELECT_HIST_BINS: u32 = 2048;
 
 fn select_kernel(per: u32) -> Kernel {
@@ -559,11 +553,6 @@ pub struct LaunchRecipe {
     /// One-chunk decode with few rows on Hopper (the plan's row state holds
     /// it): the grid selection, for calls whose rows fit `grid_select_shape`.
     grid_select: bool,
-    /// With the grid selection after the TMA decode scorer: a kernel clears
-    /// the row state first, the scorer (its programmatic dependent) counts
-    /// the first level's histogram into it as it writes the logits, and the
-    /// selection starts from that histogram (`gselect_pre`).
-    prehist: bool,
     /// `b12x_indexer_zero_state` is loaded (Hopper): a top-k-only call
     /// clears the grid selection's state with it, the selection its
     /// programmatic dependent, where other devices take a memset.
@@ -608,9 +597,7 @@ pub fn hopper_exact_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let barriers = 2 * stages * 8;
     // the prefix, the warps' sums
     let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
-    // decode: the first selection level's histogram of a segment's row
-    let hist = if block_rows == 1 { SELECT_HIST_BINS * 4 } else { 0 };
-    k + q + scales_and_ids + weights + barriers + scan + hist + 1024
+    k + q + scales_and_ids + weights + barriers + scan + 1024
 }
 
 /// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
@@ -625,9 +612,7 @@ pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let barriers = (2 * stages + 4) * 8;
     // the prefix, the warps' sums
     let scan = (TMA_MAX_ROW_BLOCKS + 1) * 4 + 32 * 4;
-    // decode: the first selection level's histogram of a segment's row
-    let hist = if block_rows == 1 { SELECT_HIST_BINS * 4 } else { 0 };
-    k + 2 * q_stage + scales_and_ids + barriers + scan + hist + 1024
+    k + 2 * q_stage + scales_and_ids + barriers + scan + 1024
 }
 
 impl LaunchRecipe {
@@ -690,10 +675,6 @@ impl LaunchRecipe {
                 && modules.has(Kernel::IndexerSelectP4),
             grid_select: plan.grid_select_state() && modules.has(Kernel::IndexerGridSelectP4),
             zero_kernel: modules.has(Kernel::IndexerZeroState),
-            prehist: route == Route::PagedDecode
-                && matches!(flavor, MmaFlavor::TmaFp8 | MmaFlavor::TmaF16)
-                && modules.has(Kernel::IndexerZeroState)
-                && modules.has(Kernel::IndexerGridSelectPreP4),
             physical: plan.caps().index_space == IndexSpace::Physical,
             stages: plan.stages(),
         })
@@ -903,9 +884,8 @@ pub unsafe fn launch_indexer(
     let chunks = num_chunks(a.width, s).max(1);
     let (pages_per_cta, score_config) = recipe.scorer_launch(a.rows, s);
     let pages = kernel_pages(a.pages);
-    // The grid selection's row state is cleared by the scorer before it, by
-    // a clearing kernel before the TMA decode scorer that counts the first
-    // level into it (`prehist`), or, when no scorer runs, by a memset.
+    // The grid selection's row state is cleared by the scorer before it or,
+    // when no scorer runs, by the clearing kernel (or a memset).
     let grid_select = if recipe.grid_select && recipe.stages.selects() {
         grid_select_shape(a.rows, s, recipe.multiprocessors)
     } else {
@@ -913,9 +893,6 @@ pub unsafe fn launch_indexer(
     };
     let state = b.region_address(RegionId::RowState);
     let zero_words = if grid_select.is_some() { a.rows * SELECT_STATE_WORDS as u32 } else { 0 };
-    // The scorer counts the first level (after the clearing kernel) when both run.
-    let prehist =
-        recipe.prehist && grid_select.is_some() && recipe.stages.scores() && maps.hopper.is_some();
     let partial = |id| if recipe.slices > 1 { b.region_address(id) } else { 0 };
     let mut tp = TopkParams {
         logits: b.region_address(RegionId::Logits),
@@ -965,7 +942,6 @@ pub unsafe fn launch_indexer(
         pages,
         zero_words,
         zero: state,
-        hist: 0,
     };
     let mut hopper = maps.hopper.map(|[k_map, scale_map, q_map]| HopperParams {
         k_map,
@@ -973,13 +949,6 @@ pub unsafe fn launch_indexer(
         q_map,
         s: score,
     });
-    if prehist {
-        // The TMA decode scorer clears nothing and counts the first level into the state.
-        if let Some(h) = hopper.as_mut() {
-            h.s.zero_words = 0;
-            h.s.hist = state;
-        }
-    }
     let mut score = score;
     let fold = if a.rows <= recipe.multiprocessors { recipe.fold_few } else { recipe.fold_many };
     // The two-stage kernels run the general paths only (no stage): the staged
@@ -997,11 +966,6 @@ pub unsafe fn launch_indexer(
     }
     for c in 0..chunks {
         if recipe.stages.scores() {
-            if prehist {
-                // The clearing kernel; the scorer is its programmatic dependent.
-                // SAFETY: `score` holds the binding's row state, `zero_words` words.
-                unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
-            }
             score.chunk_start = c * s;
             let mut args = match hopper.as_mut() {
                 Some(h) => {
@@ -1010,10 +974,9 @@ pub unsafe fn launch_indexer(
                 }
                 None => [std::ptr::addr_of_mut!(score) as *mut c_void],
             };
-            let config = LaunchConfig { dependent: prehist, ..score_config };
             // SAFETY: ScoreParams / HopperParams mirror the kernels' parameter
             // structs; pointer validity is the caller's contract.
-            unsafe { launch(a.device, recipe.scorer, config, stream, &mut args)? };
+            unsafe { launch(a.device, recipe.scorer, score_config, stream, &mut args)? };
         }
         if !recipe.stages.selects() {
             continue;
@@ -1051,7 +1014,7 @@ pub unsafe fn launch_indexer(
                         unsafe { memset_u32(a.device, state, zero_words, stream)? };
                     }
                     let cfg = select_config((parts, a.rows, 1), 1, GRID_SELECT_SHARED_BYTES);
-                    (grid_select_kernel(per, prehist), cfg)
+                    (grid_select_kernel(per), cfg)
                 }
                 None => {
                     let (cluster, per) = select_shape(a.rows, s, recipe.multiprocessors);
@@ -1162,7 +1125,6 @@ mod tests {
             ("SC_CAND_CAP", CLUSTER_SELECT_CANDIDATES as u64),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
             ("SEL_BINS", SELECT_HIST_BINS as u64),
-            ("IDX_HIST_BINS", SELECT_HIST_BINS as u64),
             ("IDX_SELECT_STATE_WORDS", SELECT_STATE_WORDS),
             ("IDX_ZERO_STATE_THREADS", ZERO_STATE_THREADS as u64),
         ] {
@@ -1176,12 +1138,12 @@ mod tests {
 
     #[test]
     fn param_structs_match_the_kernels_layout() {
-        // 13 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
-        assert_eq!(std::mem::size_of::<ScoreParams>(), 13 * 8 + 8 * 4);
+        // 12 u64 + 8 u32 and 13 u64 + 12 u32 (kernels/indexer_common.cuh, indexer_topk.cu).
+        assert_eq!(std::mem::size_of::<ScoreParams>(), 12 * 8 + 8 * 4);
         assert_eq!(std::mem::size_of::<TopkParams>(), 13 * 8 + 12 * 4);
         // three 64-byte aligned 128-byte tensor maps, then the score block, padded to 64
         assert_eq!(std::mem::offset_of!(HopperParams, s), 3 * 128);
-        assert_eq!(std::mem::size_of::<HopperParams>(), 576);
+        assert_eq!(std::mem::size_of::<HopperParams>(), 512);
         assert_eq!(std::mem::align_of::<HopperParams>(), 64);
         assert_eq!(std::mem::size_of::<SelectParams>(), 10 * 8 + 6 * 4);
     }
@@ -1204,14 +1166,12 @@ mod tests {
     }
 
     #[test]
-    fn grid_selection_kernels_by_width_and_first_level() {
+    fn grid_selection_kernels_by_width() {
         use Kernel::*;
-        let own = [4, 8, 16].map(|per| grid_select_kernel(per, false));
-        let pre = [4, 8, 16].map(|per| grid_select_kernel(per, true));
-        assert_eq!(own, [IndexerGridSelectP4, IndexerGridSelectP8, IndexerGridSelectP16]);
-        assert_eq!(pre, [IndexerGridSelectPreP4, IndexerGridSelectPreP8, IndexerGridSelectPreP16]);
-        // the entry points the PTX exports (checked in ptx.rs): gselect_pre_p{4,8,16}
-        assert_eq!(IndexerGridSelectPreP8.symbol(), "b12x_indexer_gselect_pre_p8");
+        let kernels = [4, 8, 16].map(grid_select_kernel);
+        assert_eq!(kernels, [IndexerGridSelectP4, IndexerGridSelectP8, IndexerGridSelectP16]);
+        // the entry points the PTX exports (checked in ptx.rs): gselect_p{4,8,16}
+        assert_eq!(IndexerGridSelectP8.symbol(), "b12x_indexer_gselect_p8");
     }
 
     #[test]
@@ -1235,10 +1195,10 @@ mod tests {
     fn hopper_shapes_fit_the_h200() {
         const H200: u32 = 232448;
         // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers,
-        // the scan, the first selection level's histogram
+        // the scan
         assert_eq!(
             hopper_shared_bytes(64, 1),
-            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 2048 * 4 + 1024
+            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
         );
         // prefill: 4 parts of 2 rows x 64 heads of Q and 2 x 4 linear-part
         // rows per stage, the levels' scales
@@ -1358,8 +1318,7 @@ mod tests {
         assert!(expect <= 232_448, "{expect}");
         // decode: 16 x 8 KiB ring, one row's f16 Q (64 heads x 256 bytes), one
         // set of weights (4 lanes x 10 pairs x 8 bytes), 32 barriers, the scan
-        // and the first selection level's histogram
-        let expect = 131072 + 16384 + 16 * 260 + 320 + 256 + scan + 2048 * 4 + 1024;
+        let expect = 131072 + 16384 + 16 * 260 + 320 + 256 + scan + 1024;
         assert_eq!(hopper_exact_shared_bytes(64, 1), expect);
     }
 

@@ -179,9 +179,6 @@ modules! {
         IndexerGridSelectP4 = "b12x_indexer_gselect_p4",
         IndexerGridSelectP8 = "b12x_indexer_gselect_p8",
         IndexerGridSelectP16 = "b12x_indexer_gselect_p16",
-        IndexerGridSelectPreP4 = "b12x_indexer_gselect_pre_p4",
-        IndexerGridSelectPreP8 = "b12x_indexer_gselect_pre_p8",
-        IndexerGridSelectPreP16 = "b12x_indexer_gselect_pre_p16",
     ],
 }
 
