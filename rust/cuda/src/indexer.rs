@@ -254,9 +254,6 @@ fn grid_select_kernel(per: u32) -> Kernel {
 /// launch bound).
 const ZERO_STATE_THREADS: u32 = 128;
 
-/// Bins of the selections' first level (`SEL_BINS`): a key's top 11 bits.
-const SELECT_HIST_BINS: u32 = 2048;
-
 fn select_kernel(per: u32) -> Kernel {
     match per {
         4 => Kernel::IndexerSelectP4,
@@ -1124,7 +1121,7 @@ mod tests {
             ("SG_CAND_CAP", SELECT_CANDIDATES),
             ("SC_CAND_CAP", CLUSTER_SELECT_CANDIDATES as u64),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
-            ("SEL_BINS", SELECT_HIST_BINS as u64),
+            ("SEL_BINS", 2048), // a selection level's bins: a key's top 11 bits
             ("IDX_SELECT_STATE_WORDS", SELECT_STATE_WORDS),
             ("IDX_ZERO_STATE_THREADS", ZERO_STATE_THREADS as u64),
         ] {
