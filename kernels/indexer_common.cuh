@@ -44,9 +44,6 @@ struct ScoreParams {
     u32* zero;                // the grid selection's state (indexer_select.cu), or null
 };
 
-// Words of the grid selection's row state (indexer_select.cu's layout).
-#define IDX_SELECT_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
-
 // Clears the state the grid selection launched after this scorer relies on
 // (it reads it only past pdl_wait, once this grid is complete); every CTA
 // clears its share. Call at a decode scorer's start.
@@ -93,16 +90,6 @@ __device__ __forceinline__ i32 idx_bounded_pid(const ScoreParams& p, i32 pid, u3
 // candidate" from a NaN logit.
 #define IDX_NOT_CANDIDATE_BITS 0xffffffffu
 __device__ __forceinline__ float idx_not_candidate() { return __uint_as_float(IDX_NOT_CANDIDATE_BITS); }
-
-// Order-preserving key of a candidate's logit, never 0: NaN 1 (below -inf,
-// whose key is 0x007fffff), -0 and +0 equal. 0 marks "not a candidate".
-__device__ __forceinline__ u32 sel_key(float v) {
-    u32 b = __float_as_uint(v);
-    if (b == IDX_NOT_CANDIDATE_BITS) return 0u;
-    if (v != v) return 1u;
-    if (v == 0.0f) b = 0u;
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
 
 // Live tokens of query row r: min(len, active_width, width * 64), >= 0.
 // Every kernel clips by the same rule, so a too-small active_width can drop

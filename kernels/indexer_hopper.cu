@@ -62,7 +62,6 @@
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
-#define HP_CONSUMERS_BARRIER 3  // named barrier of a decode CTA's consumer warpgroups (prefill: 1, 2)
 // A CTA's roles: its threads, and the registers per thread after the
 // warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
 // launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
@@ -554,7 +553,6 @@ __device__ __forceinline__ void hp_produce(const HopperParams& hp, u8* smem, con
         ++sit;
     });
 }
-
 
 // HP: padded heads; RPB: rows per block; QR: rows per consumer tile
 // (decode 1: the warpgroups on one row, pages in turn; prefill 4: the two

@@ -53,6 +53,16 @@ struct SelectParams {
     u64* cand;   // the grid selection's candidates, SG_CAND_CAP per row (never read before written)
 };
 
+// Order-preserving key of a candidate's logit, never 0: NaN 1 (below -inf,
+// whose key is 0x007fffff), -0 and +0 equal. 0 marks "not a candidate".
+__device__ __forceinline__ u32 sel_key(float v) {
+    u32 b = __float_as_uint(v);
+    if (b == IDX_NOT_CANDIDATE_BITS) return 0u;
+    if (v != v) return 1u;
+    if (v == 0.0f) b = 0u;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
 // A candidate of a key gathered for a last selection step (pick_candidates):
 // (key << 32 | ~position) is unique per row, and the larger the better (a
 // higher key, then a lower position).
@@ -467,7 +477,7 @@ SELECT_KERNELS(select, select_cluster)
 #define SG_SLOTS (SG_ARRIVE + 2)          // output slots taken; with the next word a u64
 #define SG_CANDS (SG_ARRIVE + 3)          // candidates gathered (the high word)
 #define SG_TIES (SG_ARRIVE + 128)         // per-CTA counts of the k-th key
-#define SG_STATE_WORDS IDX_SELECT_STATE_WORDS
+#define SG_STATE_WORDS 6400  // rust/core SELECT_STATE_WORDS
 static_assert(SG_STATE_WORDS == SG_TIES + SG_MAX_PARTS, "the row state's layout");
 #define SG_CAND_CAP 14336  // rust/core SELECT_CANDIDATES; x 8 bytes of dynamic shared memory
 
@@ -530,8 +540,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         const int shift = level == 0 ? 21 : (level == 1 ? 10 : 0);
         const u32 bins = level == 2 ? 1024u : 2048u;
         u32* gh = st + level * SEL_BINS;
-        // `hist` zeroed (later levels: before the previous level's barrier)
-        if (level == 0) __syncthreads();
+        if (level == 0) __syncthreads();  // `hist` zeroed (later levels: before the barrier)
 #pragma unroll
         for (int i = 0; i < PER; ++i)
             if (key[i] != 0u && (key[i] & pmask) == prefix)

@@ -262,10 +262,9 @@ def edge_case_inputs(width):
 def test_one_chunk_selection_edge_cases(width):
     # the one-chunk selection (on sm_90 a cluster per row, or for 2048 pages
     # a grid of CTAs per row): NaN logits selected when the numbers run out,
-    # +-0 ties, every logit equal across a long row
-    # (on sm_90 after tma_f16, whose grid selection starts from the first
-    # level's histogram the scorer counted: twice on the same binding, its
-    # scratch poisoned first, so the second call starts from the first's state)
+    # +-0 ties, every logit equal across a long row. Twice on the same
+    # binding, its scratch poisoned first: the second call runs on the row
+    # state the first left (the scorer clears it).
     inputs, zeros = edge_case_inputs(width)
     for topk in (512, 2048):
         plan = plan_for(inputs, topk)
@@ -285,9 +284,8 @@ def test_one_chunk_selection_edge_cases(width):
 
 @pytest.mark.parametrize("width", [600, 2048])
 def test_one_chunk_selection_edge_cases_after_the_fast_scorer(width):
-    # the same rows after the TMA decode scorer; for 2048 pages its grid
-    # selection starts from the first level's histogram the scorer counted
-    # (a clearing kernel, the scorer as its programmatic dependent)
+    # the same rows after the fast TMA decode scorer (on 2048 pages, the
+    # grid selection after it), twice on one binding as above
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the fast flavors are Hopper's")
     inputs, _ = edge_case_inputs(width)

@@ -1122,7 +1122,6 @@ mod tests {
             ("SC_CAND_CAP", CLUSTER_SELECT_CANDIDATES as u64),
             ("SG_MAX_PARTS", GRID_SELECT_MAX_PARTS as u64),
             ("SEL_BINS", 2048), // a selection level's bins: a key's top 11 bits
-            ("IDX_SELECT_STATE_WORDS", SELECT_STATE_WORDS),
             ("IDX_ZERO_STATE_THREADS", ZERO_STATE_THREADS as u64),
         ] {
             assert_eq!(define(&sources, name), value, "{name}");

@@ -578,6 +578,8 @@ mod tests {
         let forced = PlanOptions { mma_flavor: Some(MmaFlavor::TmaF16), ..PlanOptions::default() };
         let err = Plan::with_options(&exact(40960, Mode::Prefill), &on, &forced).unwrap_err();
         assert!(err.to_string().contains("serves 40960 prefill rows"), "{err}");
+        // `b12x bench indexer --flavor-arms` skips an arm on this wording
+        assert!(err.to_string().contains("mma_flavor expected a flavor that serves"), "{err}");
         let p = Plan::with_options(&exact(64, Mode::Decode), &on, &forced).unwrap();
         assert!(p.to_string().ends_with("mma_flavor=tma_f16"), "{p}");
         // elsewhere exact keeps its flavor
