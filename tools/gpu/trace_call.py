@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 
 import torch
-from b12x import _core
 from b12x.attention import dsa_indexer as di
+from b12x.bench.common import l2_flusher
 from b12x.bench.indexer import CASES
 from indexer_profile import case_binding
 
@@ -26,10 +26,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=4)
     args = ap.parse_args()
     binding = case_binding(args.case, args.precision)
-    l2 = int(_core.device_info(torch.cuda.current_device())["l2_bytes"])
-    flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    flush = l2_flusher(torch.cuda.current_device())
     for i in range(args.calls):
-        flush.zero_()
+        flush()
         torch.cuda.synchronize()
         print(f"== call {i}", flush=True)
         di.run(binding)
