@@ -496,3 +496,25 @@ def test_a_case_plans_binds_and_runs_on_the_cpu_reference(case):
     di.run(binding)
     n, err = peers.selection_error(idx, inputs, case.topk, peers.EXACT_TIE_REL)
     assert err is None and n > 0
+
+
+@pytest.mark.parametrize("case", [DECODE, PREFILL], ids=lambda c: c.name)
+def test_ascending_page_order_keeps_every_page_and_sorts_each_table_row(case: Case) -> None:
+    """--page-order ascending moves no other byte: the same cache, Q and
+    weights, each table row the same ids in ascending order (prefill's rows
+    share one), and every cache page still some row's, once."""
+    rand = make_inputs(case, "cpu")
+    asc = make_inputs(case, "cpu", page_order="ascending")
+    for a, b in zip(rand, asc, strict=True):
+        if a.shape != b.shape or not torch.equal(a, b):
+            assert a is rand[3], "only the page table differs"
+    table, rows = asc[3], 1 if case.prefill else case.rows
+    assert torch.equal(table, rand[3].sort(dim=1).values)
+    assert bool((table[:, 1:] > table[:, :-1]).all())
+    assert sorted(table[:rows].flatten().tolist()) == list(range(rows * case.width))
+    assert not torch.equal(rand[3], table), "random order is not already sorted"
+
+
+def test_an_unknown_page_order_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="page_order expected one of .*got 'zigzag'"):
+        make_inputs(DECODE, "cpu", page_order="zigzag")

@@ -79,6 +79,9 @@ CASES = {
     )
 }
 DEFAULT_CASES = ["decode_r64_L32768", "decode_r1_L131072", "prefill_r4096_L32768"]
+# How a bench table row orders its page ids: the same pages either way, so
+# the same bytes move; what changes is where in HBM the reads land together.
+PAGE_ORDERS = ("random", "ascending")
 # MMA flavors a plan can be forced to (the test-only option of _core.indexer_build_plan).
 FLAVORS: tuple[str, ...] = INDEXER_MMA_FLAVORS
 # how the samples were taken (the JSON's config says so)
@@ -159,6 +162,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="skip the stock vLLM peer (DeepGEMM logits + vLLM's top-k)",
     )
     p.add_argument(
+        "--page-order",
+        choices=PAGE_ORDERS,
+        default="random",
+        help="how each page-table row orders its (distinct) page ids: random, as a long-running "
+        "server's allocator leaves them, or ascending, as a fresh one hands them out",
+    )
+    p.add_argument(
         "--flavor-arms",
         nargs="*",
         default=[],
@@ -167,7 +177,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def make_inputs(case: Case, device: str = "cuda") -> tuple[torch.Tensor, ...]:
+def make_inputs(
+    case: Case, device: str = "cuda", page_order: str = "random"
+) -> tuple[torch.Tensor, ...]:
+    """A case's operands: every page of the cache is some row's, once (prefill's
+    rows share one table row); ``page_order`` says how a table row orders its
+    ids (:data:`PAGE_ORDERS`)."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(1234)
@@ -182,6 +197,10 @@ def make_inputs(case: Case, device: str = "cuda") -> tuple[torch.Tensor, ...]:
     kcache[:, :8192] = k.view(torch.uint8).reshape(n_pages, 8192)
     kcache[:, 8192:] = scales.view(torch.uint8).reshape(n_pages, 256)
     table = torch.randperm(n_pages, device=device, generator=g).int().reshape(table_rows, width)
+    if page_order == "ascending":
+        table = table.sort(dim=1).values
+    elif page_order != "random":
+        raise ValueError(f"page_order expected one of {PAGE_ORDERS}, got {page_order!r}")
     if case.prefill:
         table = table.expand(rows, width)
     lengths = torch.tensor(case.lengths(), dtype=torch.int32, device=device)
@@ -417,7 +436,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     from b12x import _core
     from b12x.attention import dsa_indexer as di
 
-    result = BenchResult("indexer", {"cases": args.cases, "iters": args.iters, "timing": TIMING})
+    config = {"cases": args.cases, "iters": args.iters, "timing": TIMING}
+    result = BenchResult("indexer", config | {"page_order": args.page_order})
     result.columns = TABLE_COLUMNS
     dev = torch.cuda.current_device()
     flush = l2_flusher(dev)
@@ -429,7 +449,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     for name in args.cases:
         case = CASES[name]
-        inputs = make_inputs(case)
+        inputs = make_inputs(case, page_order=args.page_order)
 
         def caps_of(precision: str = "exact", case: Case = case) -> Any:
             return case_caps(case, precision, device=f"cuda:{dev}")
