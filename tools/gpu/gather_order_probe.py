@@ -1,0 +1,195 @@
+"""Does the order of a page gather change what HBM gives it?
+
+    python3 tools/gpu/gather_order_probe.py [OUT.json]
+
+decode_r64_L32768 reads all 32768 pages of its cache (8448 bytes each),
+every page once, at ids that `b12x bench indexer` draws as one random
+permutation. round 5's `hbm_probe.py` put that gather at 3.50 TB/s against
+4.3 TB/s for a streaming read; the scorer and DeepGEMM's logits run at
+3.3-3.4. Which pages are read is fixed by the table; the order in which a CTA
+reads its share of them is not. This probe reads the same pages in
+different orders with the scorer's access pattern (one CTA an SM, each a
+contiguous chunk of the row-major table, one warp issuing a bulk copy per
+page into a ring of shared-memory stages, consumer warps releasing them),
+so the difference between orders is what a scorer that reorders its
+chunk could gain:
+
+  random          the bench's table
+  ascending       each table row sorted (`b12x bench indexer --page-order ascending`)
+  segment_sorted  each CTA's segment (its chunk within one row) sorted: what
+                  a producer that sorts the ids it loads would issue
+  bucketsN        each segment ordered by id * N / pages (stable): a
+                  counting sort into N buckets, cheaper than a full sort
+  identity        page i at entry i: a streaming read through the same kernel
+
+CuPy kernels, CUDA events, a 120 MiB buffer rewritten before every sample so
+the L2 holds none of the cache; medians of 20 samples (every sample in the
+JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import cupy as cp
+import numpy as np
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u32 saddr(const void* p) {
+    return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void bar_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n .reg .pred done;\n"
+        "wait_%=:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra wait_%=;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+
+// CTA g gathers table entries [g n / G, (g + 1) n / G): warp 0 loads 32 ids
+// at a time and its lane 0 copies page table[i] into ring stage i % stages
+// (one bulk copy, completion counted on the stage's full barrier); warp
+// 1 + (i % consumers) waits for it, reads a word of it and frees the stage.
+extern "C" __global__ void __launch_bounds__(160, 1)
+ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ table,
+            u32 entries, u32 page_bytes, u32 stages, unsigned* out) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    const u32 full0 = saddr(smem + stages * page_bytes), empty0 = full0 + 8 * stages;
+    const u32 a = (u32)((u64)blockIdx.x * entries / gridDim.x);
+    const u32 b = (u32)((u64)(blockIdx.x + 1) * entries / gridDim.x);
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, consumers = blockDim.x / 32 - 1;
+    if (threadIdx.x == 0) {
+        for (u32 s = 0; s < stages; ++s) {
+            bar_init(full0 + 8 * s, 1);
+            bar_init(empty0 + 8 * s, 1);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (u32 i0 = a; i0 < b; i0 += 32) {
+            const int mine = i0 + lane < b ? table[i0 + lane] : 0;
+            const u32 count = min(32u, b - i0);
+            for (u32 j = 0; j < count; ++j) {
+                const int pid = __shfl_sync(0xffffffffu, mine, j);
+                const u32 k = i0 + j - a, s = k % stages;
+                bar_wait(empty0 + 8 * s, ((k / stages) & 1) ^ 1);
+                if (lane == 0) {
+                    const u32 full = full0 + 8 * s, dst = saddr(smem + s * page_bytes);
+                    const unsigned char* src = base + (u64)pid * page_bytes;
+                    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                                 :: "r"(full), "r"(page_bytes) : "memory");
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                        " [%0], [%1], %2, [%3];"
+                        :: "r"(dst), "l"(src), "r"(page_bytes), "r"(full) : "memory");
+                }
+                __syncwarp();
+            }
+        }
+        return;
+    }
+    unsigned acc = 0;
+    for (u32 k = warp - 1; k < b - a; k += consumers) {
+        const u32 s = k % stages;
+        bar_wait(full0 + 8 * s, (k / stages) & 1);
+        acc ^= reinterpret_cast<const unsigned*>(smem + s * page_bytes)[lane];
+        __syncwarp();
+        if (lane == 0) bar_arrive(empty0 + 8 * s);
+    }
+    if (acc == 0x12345678u) out[0] = acc;  // keeps the reads
+}
+"""
+PAGE_BYTES = 8448
+ROWS, WIDTH = 64, 512  # decode_r64_L32768: 64 rows of 512 pages
+GRID = 132  # one CTA an SM (H100 / H200)
+THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
+
+
+def segments(entries: int, grid: int, width: int) -> list[tuple[int, int]]:
+    """[start, end) of each CTA's chunk cut at the table's row boundaries."""
+    out = []
+    for g in range(grid):
+        a, b = g * entries // grid, (g + 1) * entries // grid
+        while a < b:
+            end = min(b, (a // width + 1) * width)
+            out.append((a, end))
+            a = end
+    return out
+
+
+def orders(rng: np.random.Generator, grid: int = GRID) -> dict[str, np.ndarray]:
+    pages = ROWS * WIDTH
+    rand = rng.permutation(pages).astype(np.int32)
+    out = {"random": rand, "ascending": np.sort(rand.reshape(ROWS, WIDTH), axis=1).ravel()}
+    segs = segments(pages, grid, WIDTH)
+    seg = rand.copy()
+    for a, b in segs:
+        seg[a:b] = np.sort(seg[a:b])
+    out["segment_sorted"] = seg
+    for n in (16, 64, 256):
+        bucketed = rand.copy()
+        for a, b in segs:
+            part = bucketed[a:b]
+            bucketed[a:b] = part[np.argsort(part.astype(np.int64) * n // pages, kind="stable")]
+        out[f"buckets{n}"] = bucketed
+    out["identity"] = np.arange(pages, dtype=np.int32)
+    return out
+
+
+def median_us(fn, flush, reps: int = 20) -> tuple[float, list[float]]:
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    fn()  # warm: module load, first-touch
+    samples = []
+    for _ in range(reps):
+        flush.fill(1)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) * 1e3)
+    return float(np.median(samples)), samples
+
+
+def main() -> int:
+    kernel = cp.RawModule(code=SOURCE, options=("-arch=sm_90",)).get_function("ring_gather")
+    out = cp.zeros(1, dtype=cp.uint32)
+    flush = cp.empty(2 * 60 * 2**20 // 4, dtype=cp.uint32)
+    pages = ROWS * WIDTH
+    cache = cp.random.randint(0, 255, size=pages * PAGE_BYTES, dtype=cp.uint8)
+    results: dict[str, dict] = {}
+    tables = {k: cp.asarray(v) for k, v in orders(np.random.default_rng(1234)).items()}
+    for stages in (8, 16, 24):
+        smem = stages * PAGE_BYTES + 16 * stages
+        kernel.max_dynamic_shared_size_bytes = smem
+        for name, table in tables.items():
+            if stages != 16 and name not in ("random", "segment_sorted", "identity"):
+                continue
+            args = (cache, table, np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages), out)
+            us, samples = median_us(
+                lambda a=args, s=smem: kernel((GRID,), (THREADS,), a, shared_mem=s), flush
+            )
+            results[f"{name}_s{stages}"] = {
+                "order": name, "stages": stages, "median_us": us,
+                "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
+            }  # fmt: skip
+    for key, r in results.items():
+        print(f"{key:24s} {r['median_us']:8.1f} us  {r['TBps']:.2f} TB/s")
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
