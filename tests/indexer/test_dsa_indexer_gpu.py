@@ -607,6 +607,43 @@ def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
         check_fast(inputs, 512, plan, b, out, sc)
 
 
+@pytest.mark.parametrize("flavor", ["tma_f16", "tma_fp8"])
+def test_tma_decode_scores_long_segments_in_page_id_order(flavor):
+    # A decode CTA with 32 or more pages of a row issues them in page-id order
+    # (hp_order_window), up to 256 at a time; every logit must still land at
+    # its logical position. 8 rows of 1100 pages: about 67 pages a CTA, cut at
+    # row ends into segments above and below that minimum; unmapped pages, an
+    # id past the cache (reported), partial last pages, an empty row.
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA scorers are Hopper's")
+    rows, width = 8, 1100
+    lengths = [width * PAGE, width * PAGE - 37, 700 * PAGE + 5, 900 * PAGE, 0, 1,
+               width * PAGE - 64, 2000]  # fmt: skip
+    inputs = make_case(rows, 64, width, lengths, unmapped=[(0, 1), (0, 600), (3, 899), (6, 0)],
+                       seed=53)  # fmt: skip
+    table, pages = inputs["page_table"], inputs["index_k_cache"].shape[0]
+    table[1, 500] = pages + 3
+    plan = plan_for(inputs, 512, flavor=flavor)
+    assert plan.max_chunks == 1  # the logits region holds every position
+    b, out, sc = bind_for(plan, inputs)
+    di.run(b)
+    torch.cuda.synchronize()
+    with pytest.raises(b12x.PageTableError, match=r"page_table\[1, 500\]"):
+        b.check()
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
+    if flavor == "tma_fp8":
+        check_fast(inputs, 512, plan, b, out, sc)
+        return
+    expected = ref.paged_logits(**inputs)
+    got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+    for r, n in enumerate(lengths):
+        c = cand[r, :n]
+        bad = ~torch.isclose(got[r, :n][c], expected[r, :n][c], rtol=1e-4, atol=1e-4)
+        assert not bool(bad.any()), f"row {r}: first wrong logit at {int(torch.nonzero(c)[bad][0])}"
+        assert bool((got[r, :n][~c].view(torch.int32) == -1).all()), f"row {r}: unmapped scored"
+    ref.assert_topk_equivalent(out, sc, expected, cand, 512, page_table=table)
+
+
 # 4 short rows (a cluster selection each), and one row of 131072 logits (on
 # sm_90 the grid selection, whose row state a top-k-only call clears itself)
 @pytest.mark.parametrize("width,lengths", [(64, [4096, 3000, 100, 0]), (2048, [2048 * PAGE - 5])])
