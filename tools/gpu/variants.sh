@@ -8,7 +8,9 @@
 # (default 2; 0: the tests alone) for each wheel: install it
 # and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
 # with $BENCH_ARGS added (e.g. "--flavor-arms wgmma": a forced-flavor arm in
-# the same interleaved run).
+# the same interleaved run), and then $BENCH_ARGS_<NAME> for that name's runs
+# only (e.g. asc=WHEEL with BENCH_ARGS_asc="--page-order ascending": one wheel
+# under two settings).
 # Logs and JSON go to $RESULTS (default gpu-results/), packed into
 # $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column.
 source "$(dirname "$0")/common.sh" ""
@@ -36,9 +38,10 @@ done
 for r in $(seq 1 "$ROUNDS"); do
   for i in "${!NAMES[@]}"; do
     install "${WHEELS[$i]}"
+    own="BENCH_ARGS_${NAMES[$i]}"
     # shellcheck disable=SC2086  # CASES and BENCH_ARGS are word lists
     TAIL=1 step "bench_${NAMES[$i]}-$r" 300 b12x bench indexer --no-torch --no-deepgemm \
-      --cases $CASES ${BENCH_ARGS:-} --json "$RESULTS/${NAMES[$i]}-$r.json"
+      --cases $CASES ${BENCH_ARGS:-} ${!own:-} --json "$RESULTS/${NAMES[$i]}-$r.json"
   done
 done
 tar -C "$RESULTS" -cJf "$RESULTS/variants.tar.xz" --exclude variants.tar.xz .
