@@ -516,5 +516,5 @@ def test_ascending_page_order_keeps_every_page_and_sorts_each_table_row(case: Ca
 
 
 def test_an_unknown_page_order_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="page_order expected one of .*got 'zigzag'"):
+    with pytest.raises(ValueError, match=r"page_order expected one of .*got 'zigzag'"):
         make_inputs(DECODE, "cpu", page_order="zigzag")
