@@ -29,13 +29,12 @@ JSON).
 
 from __future__ import annotations
 
-import json
 import sys
 from functools import partial
 
 import cupy as cp
 import numpy as np
-from hbm_probe import median_us  # beside this script: L2 rewritten, then one timed launch
+from hbm_probe import median_us, report  # beside this script
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -171,11 +170,7 @@ def main() -> int:
                 "order": name, "stages": stages, "median_us": us,
                 "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
             }  # fmt: skip
-    for key, r in results.items():
-        print(f"{key:24s} {r['median_us']:8.1f} us  {r['TBps']:.2f} TB/s")
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
+    report(results)
     return 0
 
 

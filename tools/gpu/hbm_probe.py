@@ -67,6 +67,16 @@ def median_us(fn, flush, reps: int = 20) -> tuple[float, list[float]]:
     return float(np.median(samples)), samples
 
 
+def report(results: dict[str, dict]) -> None:
+    """Each probe's median and rate, and every sample to the JSON named on the
+    command line (if any)."""
+    for name, r in results.items():
+        print(f"{name:28s} {r['median_us']:9.1f} us  {r['TBps']:.2f} TB/s")
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def main() -> int:
     mod = cp.RawModule(code=SOURCE, options=("-arch=sm_90",))
     seq, page = mod.get_function("seq_read"), mod.get_function("page_read")
@@ -89,11 +99,7 @@ def main() -> int:
         results[f"page_read_g{grid}_b{block}"] = {
             "median_us": us, "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
         }  # fmt: skip
-    for name, r in results.items():
-        print(f"{name:28s} {r['median_us']:9.1f} us  {r['TBps']:.2f} TB/s")
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(results, f, indent=1)
+    report(results)
     return 0
 
 
