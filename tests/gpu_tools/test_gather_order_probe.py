@@ -1,0 +1,47 @@
+"""tools/gpu/gather_order_probe.py: every order is the same pages, arranged as named."""
+
+from __future__ import annotations
+
+import sys
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+
+TOOLS = Path(__file__).resolve().parents[2] / "tools" / "gpu"
+sys.path.insert(0, str(TOOLS))
+
+import gather_order_probe as probe  # noqa: E402
+
+PAGES = probe.ROWS * probe.WIDTH
+
+
+def test_segments_cover_each_cta_chunk_cut_at_row_ends():
+    segs = probe.segments(PAGES, probe.GRID, probe.WIDTH)
+    assert segs[0][0] == 0 and segs[-1][1] == PAGES
+    assert all(a < b for a, b in segs)
+    assert all(b == c for (_, b), (c, _) in pairwise(segs))
+    assert all(a // probe.WIDTH == (b - 1) // probe.WIDTH for a, b in segs), "one row each"
+    # 248 or 249 pages a CTA over rows of 512: about half the CTAs span two rows
+    assert probe.GRID < len(segs) < 2 * probe.GRID
+
+
+def test_every_order_reads_each_page_once_in_its_named_arrangement():
+    orders = probe.orders(np.random.default_rng(7))
+    rand = orders["random"]
+    for name, table in orders.items():
+        assert np.array_equal(np.sort(table), np.arange(PAGES)), name
+    assert not np.array_equal(rand, np.sort(rand))
+    rows = orders["ascending"].reshape(probe.ROWS, probe.WIDTH)
+    assert np.array_equal(rows, np.sort(rand.reshape(probe.ROWS, probe.WIDTH), axis=1))
+    for a, b in probe.segments(PAGES, probe.GRID, probe.WIDTH):
+        seg = orders["segment_sorted"][a:b]
+        assert np.array_equal(seg, np.sort(rand[a:b])), (a, b)
+        for n in (16, 64, 256):
+            part = orders[f"buckets{n}"][a:b]
+            assert np.array_equal(np.sort(part), np.sort(rand[a:b]))
+            assert np.all(np.diff(part.astype(np.int64) * n // PAGES) >= 0), (n, a)
+    for g in range(probe.GRID):
+        a, b = g * PAGES // probe.GRID, (g + 1) * PAGES // probe.GRID
+        assert np.array_equal(orders["chunk_sorted"][a:b], np.sort(rand[a:b]))
+    assert np.array_equal(orders["identity"], np.arange(PAGES))
