@@ -436,8 +436,13 @@ def run(args: argparse.Namespace) -> BenchResult:
     from b12x import _core
     from b12x.attention import dsa_indexer as di
 
-    config = {"cases": args.cases, "iters": args.iters, "timing": TIMING}
-    result = BenchResult("indexer", config | {"page_order": args.page_order})
+    config = {
+        "cases": args.cases,
+        "iters": args.iters,
+        "timing": TIMING,
+        "page_order": args.page_order,
+    }
+    result = BenchResult("indexer", config)
     result.columns = TABLE_COLUMNS
     dev = torch.cuda.current_device()
     flush = l2_flusher(dev)
