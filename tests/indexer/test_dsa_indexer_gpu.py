@@ -365,25 +365,33 @@ def test_scorer_logits_match_reference_per_flavor(mode, heads):
     lengths = [width * PAGE - 37 * i for i in range(rows)]
     inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 5)], seed=heads)
     expected = ref.paged_logits(**inputs)
-    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"])
-    limits = ref.candidate_limits(inputs["page_table"], inputs["cache_lengths"]).tolist()
     for flavor in device_flavors():
         plan = plan_for(inputs, 512, mode=mode, supertile=1024, flavor=flavor)  # one chunk
         b, _, _ = bind_for(plan, inputs)
         di.run(b)
         torch.cuda.synchronize()
-        got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
-        for r in range(rows):
-            live = slice(0, limits[r])
-            c = cand[r, live]
-            g, e = got[r, live], expected[r, live]
-            bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
-            assert not bool(bad.any()), (
-                f"flavor {flavor} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
-                f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
-            )
-            skipped = g[~c].view(torch.int32)
-            assert bool((skipped == -1).all()), f"flavor {flavor} row {r}: unmapped page"
+        check_exact_logits(inputs, b, expected, f"flavor {flavor}")
+
+
+def check_exact_logits(inputs, b, expected, what):
+    """A one-chunk run's logits (its scratch) against the reference's: every
+    candidate within 1e-4, every other live position "not a candidate"."""
+    table, lengths = inputs["page_table"], inputs["cache_lengths"]
+    cand = ref.candidate_mask(table, lengths, pages=inputs["index_k_cache"].shape[0])
+    limits = ref.candidate_limits(table, lengths).tolist()
+    rows, width = table.shape
+    got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
+    for r in range(rows):
+        live = slice(0, limits[r])
+        c = cand[r, live]
+        g, e = got[r, live], expected[r, live]
+        bad = ~torch.isclose(g[c], e[c], rtol=1e-4, atol=1e-4)
+        assert not bool(bad.any()), (
+            f"{what} row {r}: {int(bad.sum())} of {int(c.sum())} logits "
+            f"differ, first at token {int(torch.nonzero(c)[bad][0])}"
+        )
+        skipped = g[~c].view(torch.int32)
+        assert bool((skipped == -1).all()), f"{what} row {r}: unmapped page"
 
 
 def test_exact_tma_prefill_restages_q_between_segments():
@@ -540,7 +548,10 @@ def check_fast(inputs, topk, plan, b, out, sc):
     """A fast flavor's call: logits (one-chunk plans) within 1e-3 of the fp32
     reference relative to their magnitude, the selection tie-aware within it."""
     expected = ref.paged_logits(**inputs)
-    cand = ref.candidate_mask(inputs["page_table"], inputs["cache_lengths"], inputs["active_width"])
+    pages = inputs["index_k_cache"].shape[0]  # ids past the cache are not candidates
+    cand = ref.candidate_mask(
+        inputs["page_table"], inputs["cache_lengths"], inputs["active_width"], pages=pages
+    )
     mag = logit_magnitude(inputs)
     tol = 1e-3 * float(mag.nan_to_num(0.0).max())  # NaN scales: NaN logits, no magnitude
     if plan.max_chunks == 1:
@@ -630,17 +641,12 @@ def test_tma_decode_scores_long_segments_in_page_id_order(flavor):
     torch.cuda.synchronize()
     with pytest.raises(b12x.PageTableError, match=r"page_table\[1, 500\]"):
         b.check()
-    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
     if flavor == "tma_fp8":
         check_fast(inputs, 512, plan, b, out, sc)
         return
     expected = ref.paged_logits(**inputs)
-    got = di.scratch_views(b)["logits"][:rows, : width * PAGE]
-    for r, n in enumerate(lengths):
-        c = cand[r, :n]
-        bad = ~torch.isclose(got[r, :n][c], expected[r, :n][c], rtol=1e-4, atol=1e-4)
-        assert not bool(bad.any()), f"row {r}: first wrong logit at {int(torch.nonzero(c)[bad][0])}"
-        assert bool((got[r, :n][~c].view(torch.int32) == -1).all()), f"row {r}: unmapped scored"
+    check_exact_logits(inputs, b, expected, flavor)
+    cand = ref.candidate_mask(table, inputs["cache_lengths"], pages=pages)
     ref.assert_topk_equivalent(out, sc, expected, cand, 512, page_table=table)
 
 
