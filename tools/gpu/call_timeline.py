@@ -26,19 +26,18 @@ from typing import Any
 
 def run(case_name: str, precision: str, calls: int) -> list[dict[str, Any]]:
     import torch
-    from b12x import _core
     from b12x.attention import dsa_indexer as di
+    from b12x.bench.common import l2_flusher
     from indexer_profile import case_binding
     from torch.profiler import ProfilerActivity, profile
 
     binding = case_binding(case_name, precision)
     plan = binding.plan
-    l2 = int(_core.device_info(torch.cuda.current_device())["l2_bytes"])
-    flush = torch.zeros(2 * l2 // 4 + 1, dtype=torch.float32, device="cuda")
+    flush = l2_flusher(torch.cuda.current_device())
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
-            flush.add_(1)
+            flush()
             torch.cuda.synchronize()
             di.run(binding)
         torch.cuda.synchronize()
