@@ -24,6 +24,11 @@ chunk could gain:
                   counting sort into N buckets, cheaper than a full sort
   identity        page i at entry i: a streaming read through the same kernel
 
+Then, on random and identity, other shapes of the same gather (SHAPES): 2-4
+CTAs an SM (more issuing warps, fewer stages each) and each page as 2 or 4
+bulk copies (smaller requests): whether the one-copy-a-page ring itself is
+what caps the rate.
+
 CuPy kernels, CUDA events, a 120 MiB buffer rewritten before every sample so
 the L2 holds none of the cache; medians of 20 samples (every sample in the
 JSON).
@@ -59,11 +64,12 @@ __device__ __forceinline__ void bar_arrive(u32 bar) {
 
 // CTA g gathers table entries [g n / G, (g + 1) n / G): warp 0 loads 32 ids
 // at a time and its lane 0 copies page table[i] into ring stage i % stages
-// (one bulk copy, completion counted on the stage's full barrier); warp
-// 1 + (i % consumers) waits for it, reads a word of it and frees the stage.
+// (`split` bulk copies of page_bytes / split, completion counted on the
+// stage's full barrier); warp 1 + (i % consumers) waits for it, reads a word
+// of it and frees the stage.
 extern "C" __global__ void __launch_bounds__(160, 1)
 ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ table,
-            u32 entries, u32 page_bytes, u32 stages, unsigned* out) {
+            u32 entries, u32 page_bytes, u32 stages, u32 split, unsigned* out) {
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 full0 = saddr(smem + stages * page_bytes), empty0 = full0 + 8 * stages;
     const u32 a = (u32)((u64)blockIdx.x * entries / gridDim.x);
@@ -90,10 +96,13 @@ ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ tabl
                     const unsigned char* src = base + (u64)pid * page_bytes;
                     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                                  :: "r"(full), "r"(page_bytes) : "memory");
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                        " [%0], [%1], %2, [%3];"
-                        :: "r"(dst), "l"(src), "r"(page_bytes), "r"(full) : "memory");
+                    const u32 part = page_bytes / split;
+                    for (u32 c = 0; c < split; ++c)
+                        asm volatile(
+                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                            " [%0], [%1], %2, [%3];"
+                            :: "r"(dst + c * part), "l"(src + c * part), "r"(part), "r"(full)
+                            : "memory");
                 }
                 __syncwarp();
             }
@@ -117,6 +126,10 @@ GRID = 132  # one CTA an SM (H100 / H200)
 # the orders also timed at 8 and 24 stages (the rest at 16 only)
 DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity")
 THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
+# (CTAs an SM, stages a CTA, bulk copies a page) also timed on random and
+# identity: whether more issuers, or smaller copies, move more bytes than the
+# scorer's one CTA an SM with one copy a page
+SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 6, 1))
 
 
 def segments(entries: int, grid: int, width: int) -> list[tuple[int, int]]:
@@ -167,20 +180,22 @@ def main() -> int:
     cache = cp.random.randint(0, 255, size=pages * PAGE_BYTES, dtype=cp.uint8)
     results: dict[str, dict] = {}
     tables = {k: cp.asarray(v) for k, v in orders(np.random.default_rng(1234)).items()}
-    for stages in (8, 16, 24):
+    runs = [(name, 1, stages, 1) for stages in (8, 16, 24) for name in tables
+            if stages == 16 or name in DEPTH_ORDERS]  # fmt: skip
+    runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity")]
+    for name, per_sm, stages, split in runs:
         smem = stages * PAGE_BYTES + 16 * stages
         kernel.max_dynamic_shared_size_bytes = smem
-        for name, table in tables.items():
-            if stages != 16 and name not in DEPTH_ORDERS:
-                continue
-            args = (cache, table, np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages), out)
-            launch = partial(kernel, (GRID,), (THREADS,), args, shared_mem=smem)
-            launch()  # warm: the module's load and the first touch stay out of the samples
-            us, samples = median_us(launch, flush)
-            results[f"{name}_s{stages}"] = {
-                "order": name, "stages": stages, "median_us": us,
-                "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
-            }  # fmt: skip
+        args = (cache, tables[name], np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
+                np.uint32(split), out)  # fmt: skip
+        launch = partial(kernel, (GRID * per_sm,), (THREADS,), args, shared_mem=smem)
+        launch()  # warm: the module's load and the first touch stay out of the samples
+        us, samples = median_us(launch, flush)
+        key = f"{name}_s{stages}" + (f"_c{per_sm}_x{split}" if (per_sm, split) != (1, 1) else "")
+        results[key] = {
+            "order": name, "stages": stages, "ctas_per_sm": per_sm, "copies_per_page": split,
+            "median_us": us, "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
+        }  # fmt: skip
     report(results)
     return 0
 
