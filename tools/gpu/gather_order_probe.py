@@ -130,6 +130,23 @@ THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpg
 # identity: whether more issuers, or smaller copies, move more bytes than the
 # scorer's one CTA an SM with one copy a page
 SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 6, 1))
+SMEM_PER_SM = 228 * 1024  # H100 / H200; the runtime keeps 1 KiB of it a CTA
+
+
+def smem_bytes(stages: int) -> int:
+    """A CTA's dynamic shared memory: its ring, then a full and an empty barrier a stage."""
+    return stages * PAGE_BYTES + 16 * stages
+
+
+def shape_fits(per_sm: int, stages: int, split: int) -> bool:
+    """Whether `per_sm` CTAs of `stages` stages share one SM, and a page cuts into
+    `split` bulk copies of a multiple of 16 bytes (else the barrier's expected
+    bytes are never met and the kernel hangs)."""
+    return (
+        per_sm * (smem_bytes(stages) + 1024) <= SMEM_PER_SM
+        and PAGE_BYTES % split == 0
+        and (PAGE_BYTES // split) % 16 == 0
+    )
 
 
 def segments(entries: int, grid: int, width: int) -> list[tuple[int, int]]:
@@ -184,7 +201,9 @@ def main() -> int:
             if stages == 16 or name in DEPTH_ORDERS]  # fmt: skip
     runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity")]
     for name, per_sm, stages, split in runs:
-        smem = stages * PAGE_BYTES + 16 * stages
+        if not shape_fits(per_sm, stages, split):
+            raise SystemExit(f"gather_order_probe: shape {(per_sm, stages, split)} does not fit an SM")
+        smem = smem_bytes(stages)
         kernel.max_dynamic_shared_size_bytes = smem
         args = (cache, tables[name], np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
                 np.uint32(split), out)  # fmt: skip
