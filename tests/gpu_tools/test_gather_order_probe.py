@@ -53,3 +53,15 @@ def test_every_shape_fits_an_sm_and_cuts_pages_into_whole_copies():
     assert not probe.shape_fits(2, 16, 1), "two 16-stage rings exceed an SM"
     assert not probe.shape_fits(1, 16, 5), "8448 bytes do not cut into 5 copies"
     assert not probe.shape_fits(1, 16, 32), "264-byte copies are not whole 16-byte units"
+
+
+def test_sweep_puts_every_ctas_kth_read_in_one_window_of_ids():
+    for grid in (probe.GRID, 2 * probe.GRID):
+        table = probe.sweep(PAGES, grid)
+        assert np.array_equal(np.sort(table), np.arange(PAGES))
+        starts = [g * PAGES // grid for g in range(grid)]
+        ends = starts[1:] + [PAGES]
+        for k in (0, 57, min(b - a for a, b in zip(starts, ends)) - 1):
+            ids = np.array([table[a + k] for a in starts])
+            assert ids.max() - ids.min() == grid - 1, (grid, k)
+            assert ids.min() == k * grid, (grid, k)

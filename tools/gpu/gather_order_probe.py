@@ -23,6 +23,11 @@ chunk could gain:
   bucketsN        each segment ordered by id * N / pages (stable): a
                   counting sort into N buckets, cheaper than a full sort
   identity        page i at entry i: a streaming read through the same kernel
+  sweep           every CTA's k-th read within the same narrow window of ids
+                  (pages k G .. k G + G - 1 for a grid of G): the whole grid
+                  sweeps the cache once in address order, as a streaming read
+                  does; a scorer would take pages of many rows (not one
+                  row's chunk) to read this way
 
 Then, on random and identity, other shapes of the same gather (SHAPES): 2-4
 CTAs an SM (more issuing warps, fewer stages each) and each page as 2 or 4
@@ -124,7 +129,7 @@ PAGE_BYTES = 8448
 ROWS, WIDTH = 64, 512  # decode_r64_L32768: 64 rows of 512 pages
 GRID = 132  # one CTA an SM (H100 / H200)
 # the orders also timed at 8 and 24 stages (the rest at 16 only)
-DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity")
+DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity", "sweep")
 THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
 # (CTAs an SM, stages a CTA, bulk copies a page) also timed on random and
 # identity: whether more issuers, or smaller copies, move more bytes than the
@@ -182,7 +187,20 @@ def orders(rng: np.random.Generator, grid: int = GRID) -> dict[str, np.ndarray]:
             bucketed[a:b] = part[np.argsort(part.astype(np.int64) * n // pages, kind="stable")]
         out[f"buckets{n}"] = bucketed
     out["identity"] = np.arange(pages, dtype=np.int32)
+    out["sweep"] = sweep(pages, grid)
     return out
+
+
+def sweep(pages: int, grid: int) -> np.ndarray:
+    """A table whose CTA g (chunk [g n / G, (g + 1) n / G)) reads, at its k-th
+    entry, the page ranked (k, g) among all (entry within chunk, CTA) pairs:
+    at step k the grid reads ids k G .. k G + G - 1 (about)."""
+    pos = np.arange(pages, dtype=np.int64)
+    cta = np.searchsorted(np.arange(1, grid + 1) * pages // grid, pos, side="right")
+    k = pos - cta * pages // grid
+    table = np.empty(pages, dtype=np.int32)
+    table[pos[np.lexsort((cta, k))]] = np.arange(pages, dtype=np.int32)
+    return table
 
 
 def main() -> int:
@@ -199,13 +217,14 @@ def main() -> int:
     tables = {k: cp.asarray(v) for k, v in orders(np.random.default_rng(1234)).items()}
     runs = [(name, 1, stages, 1) for stages in (8, 16, 24) for name in tables
             if stages == 16 or name in DEPTH_ORDERS]  # fmt: skip
-    runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity")]
+    runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity", "sweep")]
     for name, per_sm, stages, split in runs:
         if not shape_fits(per_sm, stages, split):
             raise SystemExit(f"gather_order_probe: shape {(per_sm, stages, split)} does not fit an SM")
         smem = smem_bytes(stages)
         kernel.max_dynamic_shared_size_bytes = smem
-        args = (cache, tables[name], np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
+        table = tables[name] if name != "sweep" else cp.asarray(sweep(pages, GRID * per_sm))
+        args = (cache, table, np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
                 np.uint32(split), out)  # fmt: skip
         launch = partial(kernel, (GRID * per_sm,), (THREADS,), args, shared_mem=smem)
         launch()  # warm: the module's load and the first touch stay out of the samples
