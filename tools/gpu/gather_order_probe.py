@@ -220,7 +220,8 @@ def main() -> int:
     runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity", "sweep")]
     for name, per_sm, stages, split in runs:
         if not shape_fits(per_sm, stages, split):
-            raise SystemExit(f"gather_order_probe: shape {(per_sm, stages, split)} does not fit an SM")
+            shape = (per_sm, stages, split)
+            raise SystemExit(f"gather_order_probe: shape {shape} does not fit an SM")
         smem = smem_bytes(stages)
         kernel.max_dynamic_shared_size_bytes = smem
         table = tables[name] if name != "sweep" else cp.asarray(sweep(pages, GRID * per_sm))
