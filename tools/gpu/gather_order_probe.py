@@ -1,6 +1,8 @@
 """Does the order of a page gather change what HBM gives it?
 
     python3 tools/gpu/gather_order_probe.py [OUT.json]
+    GATHER_PROBE_ONLY=KEY GATHER_PROBE_REPS=1 compute-sanitizer python3 \
+        tools/gpu/gather_order_probe.py   (one run, e.g. random_s8_c2_x1, once)
 
 decode_r64_L32768 reads all 32768 pages of its cache (8448 bytes each),
 every page once, at ids that `b12x bench indexer` draws as one random
@@ -41,6 +43,7 @@ JSON).
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 
@@ -218,7 +221,12 @@ def main() -> int:
     runs = [(name, 1, stages, 1) for stages in (8, 16, 24) for name in tables
             if stages == 16 or name in DEPTH_ORDERS]  # fmt: skip
     runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity", "sweep")]
+    only = os.environ.get("GATHER_PROBE_ONLY")
+    reps = int(os.environ.get("GATHER_PROBE_REPS", "20"))
     for name, per_sm, stages, split in runs:
+        key = f"{name}_s{stages}" + (f"_c{per_sm}_x{split}" if (per_sm, split) != (1, 1) else "")
+        if only is not None and key != only:
+            continue
         if not shape_fits(per_sm, stages, split):
             shape = (per_sm, stages, split)
             raise SystemExit(f"gather_order_probe: shape {shape} does not fit an SM")
@@ -228,9 +236,15 @@ def main() -> int:
         args = (cache, table, np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
                 np.uint32(split), out)  # fmt: skip
         launch = partial(kernel, (GRID * per_sm,), (THREADS,), args, shared_mem=smem)
-        launch()  # warm: the module's load and the first touch stay out of the samples
-        us, samples = median_us(launch, flush)
-        key = f"{name}_s{stages}" + (f"_c{per_sm}_x{split}" if (per_sm, split) != (1, 1) else "")
+        print(f"gather_order_probe: {key}", file=sys.stderr, flush=True)
+        try:
+            launch()  # warm: the module's load and the first touch stay out of the samples
+            cp.cuda.runtime.deviceSynchronize()
+            us, samples = median_us(launch, flush, reps)
+        except cp.cuda.runtime.CUDARuntimeError as e:
+            # the context is lost: keep what was measured, name the run that failed
+            report(results)
+            raise SystemExit(f"gather_order_probe: {key} failed: {e}") from e
         results[key] = {
             "order": name, "stages": stages, "ctas_per_sm": per_sm, "copies_per_page": split,
             "median_us": us, "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
