@@ -51,6 +51,7 @@ def test_every_shape_fits_an_sm_and_cuts_pages_into_whole_copies():
     assert all(probe.shape_fits(*shape) for shape in probe.SHAPES)
     assert probe.shape_fits(1, 24, 1), "the deepest one-CTA ring"
     assert not probe.shape_fits(2, 16, 1), "two 16-stage rings exceed an SM"
+    assert not probe.shape_fits(4, 6, 1), "a stage freed by two consumer warps"
     assert not probe.shape_fits(1, 16, 5), "8448 bytes do not cut into 5 copies"
     assert not probe.shape_fits(1, 16, 32), "264-byte copies are not whole 16-byte units"
 

@@ -134,10 +134,11 @@ GRID = 132  # one CTA an SM (H100 / H200)
 # the orders also timed at 8 and 24 stages (the rest at 16 only)
 DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity", "sweep")
 THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
+CONSUMERS = THREADS // 32 - 1
 # (CTAs an SM, stages a CTA, bulk copies a page) also timed on random and
 # identity: whether more issuers, or smaller copies, move more bytes than the
 # scorer's one CTA an SM with one copy a page
-SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 6, 1))
+SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 4, 1))
 SMEM_PER_SM = 228 * 1024  # H100 / H200; the runtime keeps 1 KiB of it a CTA
 
 
@@ -147,11 +148,19 @@ def smem_bytes(stages: int) -> int:
 
 
 def shape_fits(per_sm: int, stages: int, split: int) -> bool:
-    """Whether `per_sm` CTAs of `stages` stages share one SM, and a page cuts into
-    `split` bulk copies of a multiple of 16 bytes (else the barrier's expected
-    bytes are never met and the kernel hangs)."""
+    """Whether `per_sm` CTAs of `stages` stages share one SM, each stage always
+    freed by the same consumer warp, and a page cuts into `split` bulk copies
+    of a multiple of 16 bytes (else the barrier's expected bytes are never met
+    and the kernel hangs).
+
+    The stages must be a multiple of the consumers: a consumer waits for its
+    stage's phase by parity, which only tells phases apart one apart. With a
+    stage shared by two consumers (6 stages, 4 consumers), one can reach the
+    stage two phases ahead, pass the wait at once, free the stage a second
+    time and break the ring (an H100 run of 4 CTAs of 6 stages failed so)."""
     return (
-        per_sm * (smem_bytes(stages) + 1024) <= SMEM_PER_SM
+        stages % CONSUMERS == 0
+        and per_sm * (smem_bytes(stages) + 1024) <= SMEM_PER_SM
         and PAGE_BYTES % split == 0
         and (PAGE_BYTES // split) % 16 == 0
     )
