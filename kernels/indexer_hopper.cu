@@ -62,6 +62,11 @@
 #define HP_MAX_BLOCKS 4096  // row blocks the work scan holds (plans above fall back)
 #define HP_PAGE_K_BYTES (IDX_PAGE_ROWS * IDX_HEAD_DIM)  // 8 KiB of FP8 K per page
 #define HP_PAGE_SCALE_BYTES (IDX_PAGE_ROWS * 4)
+// Both decode scorers deal page k to consumer warpgroup k % CONSUMERS, which
+// waits for its stage's phase by parity: that tells phases apart only one
+// apart, so each stage must always go to the same warpgroup (else one can
+// pass a wait two phases early and free the stage twice).
+static_assert(HP_DECODE_STAGES % HP_DECODE_CONSUMERS == 0, "a decode stage, one warpgroup");
 // A CTA's roles: its threads, and the registers per thread after the
 // warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
 // launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
@@ -119,11 +124,6 @@ struct HpSmem {
     static constexpr u32 WARP_SUMS = PREFIX + (HP_MAX_BLOCKS + 1) * 4;
     static constexpr u32 BYTES = WARP_SUMS + 32 * 4;
     static_assert(STAGES % 2 == 0, "decode warpgroups alternate stages");
-    // Decode deals page k to warpgroup k % consumers, which waits for its
-    // stage's phase by parity: that tells phases apart only one apart, so
-    // each stage must always go to the same warpgroup (else one can pass a
-    // wait two phases early and free the stage twice).
-    static_assert(RPB > 1 || STAGES % HP_DECODE_CONSUMERS == 0, "a stage, one warpgroup");
     static_assert(Q_PART % 1024 == 0, "Q parts stay on the swizzle period");
     static_assert(RPB % PART_ROWS == 0, "whole parts");
 };
@@ -808,7 +808,6 @@ struct HpExactSmem {
                   "Q halves and parts stay on the swizzle period");
     static_assert(W % 16 == 0 && W_GROUP % 16 == 0 && W_ROW % 2 == 0, "float4 weight pairs");
     static_assert(BAR % 8 == 0, "mbarriers");
-    static_assert(PREFILL || STAGES % CONSUMERS == 0, "a stage, one warpgroup (HpSmem)");
 };
 
 template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>

@@ -31,10 +31,10 @@ chunk could gain:
                   does; a scorer would take pages of many rows (not one
                   row's chunk) to read this way
 
-Then, on random and identity, other shapes of the same gather (SHAPES): 2-4
-CTAs an SM (more issuing warps, fewer stages each) and each page as 2 or 4
-bulk copies (smaller requests): whether the one-copy-a-page ring itself is
-what caps the rate.
+Then, on random, identity and sweep, other shapes of the same gather
+(SHAPES): 2-4 CTAs an SM (more issuing warps, fewer stages each) and each
+page as 2 or 4 bulk copies (smaller requests): whether the one-copy-a-page
+ring itself is what caps the rate.
 
 CuPy kernels, CUDA events, a 120 MiB buffer rewritten before every sample so
 the L2 holds none of the cache; medians of 20 samples (every sample in the
@@ -135,9 +135,9 @@ GRID = 132  # one CTA an SM (H100 / H200)
 DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity", "sweep")
 THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
 CONSUMERS = THREADS // 32 - 1
-# (CTAs an SM, stages a CTA, bulk copies a page) also timed on random and
-# identity: whether more issuers, or smaller copies, move more bytes than the
-# scorer's one CTA an SM with one copy a page
+# (CTAs an SM, stages a CTA, bulk copies a page) also timed on random,
+# identity and sweep: whether more issuers, or smaller copies, move more
+# bytes than the scorer's one CTA an SM with one copy a page
 SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 4, 1))
 SMEM_PER_SM = 228 * 1024  # H100 / H200; the runtime keeps 1 KiB of it a CTA
 
