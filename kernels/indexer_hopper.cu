@@ -888,6 +888,11 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
         pe = min(pe, br.pages);
         const u32 row0 = br.row0 + group * QR;  // the group's rows of the block
         const LaneRows<OUTS, QR> mine(p, row0, lane_out);
+        // prefill: each part's two rows stored on their own (the same lanes,
+        // tokens and rows as `mine`), part 0's before the wait for part 1
+        const QuadLogit<2> lane_part(tig, t_lo);
+        const LaneRows<1, 2> mine_part[2] = {LaneRows<1, 2>(p, row0, lane_part),
+                                             LaneRows<1, 2>(p, row0 + 2, lane_part)};
         // The group is done with the last segment's Q (its MMAs waited for)
         // and weights; then its threads restage both.
         group_barrier(1 + group, L::GROUP_THREADS);
@@ -922,6 +927,13 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
                 asm volatile("" : "+r"(a[s][0]), "+r"(a[s][1]), "+r"(a[s][2]), "+r"(a[s][3])
                              :: "memory");
         };
+        // Part P's two rows of the page (x[4 P .. 4 P + 3]), reduced over the quad and stored.
+        auto store_part = [&](auto part, u32 page, const float (&x)[2 * L::N / HP], i32 pid,
+                              float sc) {
+            constexpr int P = decltype(part)::value;
+            const float xp[4] = {x[4 * P], x[4 * P + 1], x[4 * P + 2], x[4 * P + 3]};
+            mine_part[P].reduce_store(lane_part, tig, page, xp, pid, sc, skip);
+        };
         if constexpr (PREFILL) {
             // Runs of R pages whose parts roll: part 0's epilogue under part
             // 1's MMAs, part 1's under the next page's part 0 (its A loaded
@@ -940,6 +952,11 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
                     float x[2 * QR] = {};
                     hp_wgmma_wait<1>();  // part 0 (part 1 in flight)
                     accumulate(Int<0>{}, x);
+                    // part 0's rows stored now: its epilogue ends in the
+                    // stores, before the wait for part 1, instead of where
+                    // ptxas had moved half of it, between that wait and the
+                    // next page's MMAs
+                    store_part(Int<0>{}, page0 + i, x, pid, sc);
                     hp_wgmma_wait<0>();  // part 1: a[] is free
                     keep_a();
                     const i32 pid_i = pid;
@@ -949,7 +966,7 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
                         issue(Int<0>{});
                     }
                     accumulate(Int<1>{}, x);
-                    mine.reduce_store(lane_out, tig, page0 + i, x, pid_i, sc_i, skip);
+                    store_part(Int<1>{}, page0 + i, x, pid_i, sc_i);
                     if (i + 1 < R) issue(Int<1>{});
                 }
                 kit += R;
