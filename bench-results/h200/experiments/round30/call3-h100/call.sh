@@ -1,0 +1,2 @@
+# Round 30 call 3 (came as an H100): r16 (exact prefill runs of 16 pages, prefill units of 16 pages) against main (d3)
+WH=b12x-0.1.0-cp310-abi3-linux_x86_64.whl; nvidia-smi --query-gpu=name --format=csv,noheader; TEST_LIMIT=120 TESTS="r16" ROUNDS=3 CASES=prefill_r4096_L32768 RESULTS=/tmp/rV timeout 400 bash tools/gpu/variants.sh d3=.device/wheels/d3/$WH r16=.device/wheels/r16/$WH 2>&1 | tail -7; tail -n 3 /tmp/rV/test_r16.txt; cp /tmp/rV/variants.tar.xz $OUT/prefill.tar.xz
