@@ -21,19 +21,22 @@ ROOT = Path(__file__).resolve().parents[2]
 HOPPER = (9, 0)
 
 
-def table(**cases):
-    """Figures of one architecture: case -> (mode, exact, fast, stock)."""
+def gpu(device="NVIDIA H200", **cases):
+    """One GPU model's figures: case -> (mode, exact, fast, stock)."""
     return {
-        "sm_90": {
-            "source": "bench-results/h200/indexer.json",
-            "device": "NVIDIA H200",
-            "timestamp": "t",
-            "cases": {
-                name: {"mode": m, "exact_us": e, "fast_us": f, "stock_us": st}
-                for name, (m, e, f, st) in cases.items()
-            },
-        }
+        "source": f"bench-results/{device.split()[1].lower()}/indexer.json",
+        "device": device,
+        "timestamp": "t",
+        "cases": {
+            name: {"mode": m, "exact_us": e, "fast_us": f, "stock_us": st}
+            for name, (m, e, f, st) in cases.items()
+        },
     }
+
+
+def table(**cases):
+    """Figures of one architecture benchmarked on one GPU model (an H200)."""
+    return {"sm_90": [gpu(**cases)]}
 
 
 FASTER = table(decode_a=("decode", 80.0, 70.0, 98.2), prefill_b=("prefill", 2400.0, 1900.0, 2540.0))
@@ -63,6 +66,34 @@ def test_b12x_serves_only_where_every_case_is_at_least_as_fast():
     assert speed_rule.decide(HOPPER, "fast", True, one_slower).use_b12x
 
 
+def test_every_benchmarked_gpu_of_the_architecture_must_show_b12x_at_least_as_fast():
+    h200 = gpu(decode_a=("decode", 80.0, 70.0, 98.2), prefill_b=("prefill", 2400.0, 1900.0, 2540.0))
+    h100 = gpu(
+        "NVIDIA H100 80GB HBM3",
+        decode_a=("decode", 120.0, 110.0, 131.2),
+        prefill_b=("prefill", 3300.0, 2600.0, 2519.4),
+    )
+    # the rule keys on sm_90, so the H100's slower prefill decides for the H200 too
+    d = speed_rule.decide(HOPPER, "fast", True, {"sm_90": [h200, h100]})
+    assert not d.use_b12x
+    assert (
+        "NVIDIA H100 80GB HBM3, bench-results/h100/indexer.json: prefill_b: b12x 2600.0 us, "
+        "stock 2519.4 us" in d.reason
+    )
+    assert "NVIDIA H200" not in d.reason and "decode_a" not in d.reason
+    # where both show it, b12x serves and the reason names both runs
+    d = speed_rule.decide(HOPPER, "exact", True, {"sm_90": [h200, h100]})
+    assert not d.use_b12x  # exact: the H100's 3300 against 2519.4
+    faster_h100 = gpu(
+        "NVIDIA H100 80GB HBM3",
+        decode_a=("decode", 120.0, 110.0, 131.2),
+        prefill_b=("prefill", 3300.0, 2400.0, 2519.4),
+    )
+    d = speed_rule.decide(HOPPER, "fast", True, {"sm_90": [h200, faster_h100]})
+    assert d.use_b12x
+    assert "NVIDIA H200, bench-results/h200/indexer.json; NVIDIA H100 80GB HBM3" in d.reason
+
+
 def test_a_missing_figure_never_counts_as_a_win():
     no_stock = table(decode_a=("decode", 80.0, 70.0, None))
     d = speed_rule.decide(HOPPER, "exact", True, no_stock)
@@ -77,28 +108,35 @@ def test_the_committed_figures_are_the_committed_benchmark():
     want = speed_rule.render_figures(ROOT)
     got = speed_rule.FIGURES_FILE.read_text()
     assert got == want, "run: python -m b12x.integration.vllm.speed_rule (from the repo root)"
-    for arch, rel in speed_rule.BENCH_FILES.items():
-        bench = json.loads((ROOT / rel).read_text())
-        cases = json.loads(got)[arch]["cases"]
-        assert set(cases) == {r["case"] for r in bench["results"]}
+    for arch, rels in speed_rule.BENCH_FILES.items():
+        tables = json.loads(got)[arch]
+        assert [t["source"] for t in tables] == list(rels)
+        for rel, t in zip(rels, tables, strict=True):
+            bench = json.loads((ROOT / rel).read_text())
+            assert t["device"] == bench["meta"]["device"]
+            assert set(t["cases"]) == {r["case"] for r in bench["results"]}
 
 
-def test_on_hopper_the_committed_run_decides_and_the_reason_names_what_it_compared():
-    # the committed H200 run, read here directly: b12x at the plugin's precision
-    # against stock vLLM, case by case
-    bench = json.loads((ROOT / speed_rule.BENCH_FILES["sm_90"]).read_text())
-    medians = {(r["case"], r["arm"]): r["median_us"] for r in bench["results"]}
+def test_on_hopper_the_committed_runs_decide_and_the_reason_names_what_they_compared():
+    # the committed H200 and H100 runs, read here directly: b12x at the
+    # plugin's precision against stock vLLM, case by case
     arm = speed_rule.ARMS[speed_rule.PLAN_PRECISION]
-    cases = sorted({case for case, _ in medians})
-    slower = [c for c in cases if medians[(c, arm)] > medians[(c, speed_rule.STOCK_ARM)]]
+    slower = []
+    for rel in speed_rule.BENCH_FILES["sm_90"]:
+        bench = json.loads((ROOT / rel).read_text())
+        medians = {(r["case"], r["arm"]): r["median_us"] for r in bench["results"]}
+        cases = sorted({case for case, _ in medians})
+        slower += [
+            (rel, c) for c in cases if medians[(c, arm)] > medians[(c, speed_rule.STOCK_ARM)]
+        ]
     d = speed_rule.decide(HOPPER, speed_rule.PLAN_PRECISION, True)
     assert d.use_b12x is (not slower)
     if slower:
-        assert all(case in d.reason for case in slower)
+        assert all(rel in d.reason and case in d.reason for rel, case in slower)
         assert f"{speed_rule.PLAN_PRECISION} precision" in d.reason
     else:
         assert "at least as fast as stock vLLM on sm_90 in every case" in d.reason
-        assert speed_rule.BENCH_FILES["sm_90"] in d.reason
+        assert all(rel in d.reason for rel in speed_rule.BENCH_FILES["sm_90"])
 
 
 def test_stock_fast_path_is_vllms_own_check():
@@ -137,7 +175,7 @@ def test_on_hopper_with_deepgemm_the_hooks_decline_once_with_the_figures(
     logged = [r.getMessage() for r in caplog.records if "b12x indexer not used" in r.getMessage()]
     assert len(logged) == 1
     assert "not shown at least as fast as stock vLLM on sm_90" in logged[0]
-    ours = SLOWER_PREFILL["sm_90"]["cases"]["prefill_b"][f"{precision}_us"]
+    ours = SLOWER_PREFILL["sm_90"][0]["cases"]["prefill_b"][f"{precision}_us"]
     assert f"({precision} precision" in logged[0]
     assert f"prefill_b: b12x {ours:.1f} us, stock 2540.0 us" in logged[0]
     assert "vLLM's own indexer runs" in logged[0]

@@ -6,13 +6,15 @@ build). So, per GPU architecture:
 
 * stock vLLM has no fast path there (DeepGEMM absent, or vLLM does not run
   it on that architecture): b12x serves, it is the only fast path;
-* otherwise b12x serves only where the committed benchmark of that
-  architecture (``bench-results/<gpu>/indexer.json``, distilled into
-  ``indexer_figures.json`` beside this module) shows b12x at least as fast
-  as stock vLLM on every case of every serving mode, at the precision the
-  plugin plans with; a mode with no stock figure counts as not shown. One
-  layer's indexer serves both modes (b12x's metadata builder replaces
-  vLLM's for the layer), so one slower mode leaves the whole layer to vLLM.
+* otherwise b12x serves only where every committed benchmark of that
+  architecture (``bench-results/<gpu>/indexer.json``, one a GPU model,
+  distilled into ``indexer_figures.json`` beside this module) shows b12x at
+  least as fast as stock vLLM on every case of every serving mode, at the
+  precision the plugin plans with; a mode with no stock figure counts as not
+  shown. The rule keys on the architecture, not the GPU model, so one GPU
+  where b12x is slower leaves the architecture to vLLM. One layer's indexer
+  serves both modes (b12x's metadata builder replaces vLLM's for the layer),
+  so one slower mode leaves the whole layer to vLLM.
 
 :func:`decide` is pure; :func:`stock_fast_path` asks vLLM (inside vLLM) or
 the installed files (``b12x doctor``) whether stock has its DeepGEMM path.
@@ -39,8 +41,8 @@ __all__ = [
 
 FIGURES_FILE = Path(__file__).with_name("indexer_figures.json")
 REPO_FIGURES_FILE = "python/b12x/integration/vllm/indexer_figures.json"
-# The committed benchmark each architecture's figures come from.
-BENCH_FILES = {"sm_90": "bench-results/h200/indexer.json"}
+# The committed benchmarks each architecture's figures come from, one a GPU model.
+BENCH_FILES = {"sm_90": ("bench-results/h200/indexer.json", "bench-results/h100/indexer.json")}
 # bench arms by the precision the plugin plans with
 ARMS = {"exact": "b12x", "fast": "b12x_fast"}
 STOCK_ARM = "stock_vllm"
@@ -93,7 +95,8 @@ def figures_from_bench(bench: Mapping[str, Any], source: str) -> dict[str, Any]:
 
 
 def load_figures() -> dict[str, Any]:
-    """The committed figures by architecture name (``sm_90``: ...)."""
+    """The committed figures by architecture name (``sm_90``: one table a
+    GPU model, as :func:`figures_from_bench` gives it)."""
     with FIGURES_FILE.open() as f:
         figures: dict[str, Any] = json.load(f)
     return figures
@@ -127,29 +130,45 @@ def decide(
     stock_has_deepgemm
         Whether DeepGEMM is importable where vLLM runs.
     figures
-        Figures by architecture (default: the committed ones).
+        By architecture, one table a benchmarked GPU model (default: the
+        committed ones); every one of them must show b12x at least as fast.
     """
     arch = arch_name(capability)
     if not (stock_has_deepgemm and _runs_deepgemm(capability)):
         why = "DeepGEMM is not installed" if not stock_has_deepgemm else f"vLLM runs none on {arch}"
         return Decision(True, f"stock vLLM has no fast indexer here ({why})")
-    table = (load_figures() if figures is None else figures).get(arch)
-    if table is None:
+    tables = (load_figures() if figures is None else figures).get(arch)
+    if not tables:
         return Decision(False, f"no committed benchmark of b12x against stock vLLM on {arch}")
-    measured = {c["mode"] for c in table["cases"].values()}
-    slower = [f"{mode}: no figures" for mode in SERVING_MODES if mode not in measured]
-    for case, c in table["cases"].items():
-        ours, stock = c.get(f"{precision}_us"), c.get("stock_us")
-        if ours is None or stock is None or ours > stock:
-            slower.append(f"{case}: b12x {_fmt(ours)}, stock {_fmt(stock)}")
-    where = f"{table['source']}, {table['device']}"
+    slower = []
+    for table in tables:
+        misses = _not_shown(table, precision)
+        if misses:
+            slower.append(f"{_where(table)}: " + "; ".join(misses))
     if slower:
         return Decision(
             False,
-            f"not shown at least as fast as stock vLLM on {arch} ({precision} precision, "
-            f"{where}): " + "; ".join(slower),
+            f"not shown at least as fast as stock vLLM on {arch} ({precision} precision): "
+            + " | ".join(slower),
         )
+    where = "; ".join(_where(t) for t in tables)
     return Decision(True, f"at least as fast as stock vLLM on {arch} in every case ({where})")
+
+
+def _where(table: Mapping[str, Any]) -> str:
+    return f"{table['device']}, {table['source']}"
+
+
+def _not_shown(table: Mapping[str, Any], precision: str) -> list[str]:
+    """The serving modes and cases of one GPU's table where b12x is not shown
+    at least as fast as stock (a missing figure is not shown)."""
+    measured = {c["mode"] for c in table["cases"].values()}
+    misses = [f"{mode}: no figures" for mode in SERVING_MODES if mode not in measured]
+    for case, c in table["cases"].items():
+        ours, stock = c.get(f"{precision}_us"), c.get("stock_us")
+        if ours is None or stock is None or ours > stock:
+            misses.append(f"{case}: b12x {_fmt(ours)}, stock {_fmt(stock)}")
+    return misses
 
 
 def stock_fast_path(inside_vllm: bool) -> bool:
@@ -185,9 +204,10 @@ def main() -> int:
 def render_figures(root: Path) -> str:
     """``indexer_figures.json`` as the committed benchmarks under ``root`` give it."""
     table = {}
-    for arch, rel in BENCH_FILES.items():
-        with (root / rel).open() as f:
-            table[arch] = figures_from_bench(json.load(f), rel)
+    for arch, rels in BENCH_FILES.items():
+        table[arch] = [
+            figures_from_bench(json.loads((root / rel).read_text()), rel) for rel in rels
+        ]
     return json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
