@@ -1,3 +1,6 @@
+# Round 30 call 5 (an H100, warm after call 4, which carried .device/deepgemm and the d3 wheel):
+#   call 5a carried .device/vllm, .device/vllm-ops/vllm_ops.json and part-00.xz and ran 'ls';
+#   call 5b carried part-01.xz and ran 'ls'; call 5c carried part-02.xz and ran this script.
 # Round 30 final, call C (carries part-02): the bench with stock vLLM live, then tests/vllm_real on vLLM's CUDA platform.
 W=.device/wheels/${WHEEL:-d3}/b12x-0.1.0-cp310-abi3-linux_x86_64.whl
 R=/tmp/rC
