@@ -18,6 +18,7 @@ import datetime as dt
 import json
 import statistics
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -35,7 +36,8 @@ FIELDS = (
 SETTLE_S = 0.3
 
 
-def sampler() -> subprocess.Popen:
+def sampler(log) -> subprocess.Popen:
+    """nvidia-smi sampling into `log` (a file: a pipe left unread fills and stalls it)."""
     return subprocess.Popen(
         [
             "nvidia-smi",
@@ -46,8 +48,7 @@ def sampler() -> subprocess.Popen:
             "-lms",
             "20",
         ],
-        stdout=subprocess.PIPE,
-        text=True,
+        stdout=log,
     )
 
 
@@ -113,19 +114,22 @@ def main() -> None:
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("case", nargs="?", default="prefill_r4096_L32768")
     args = ap.parse_args()
-    smi = sampler()
-    idle_t0 = time.time()
-    time.sleep(1.0)  # idle samples before the first phase, for the idle clock
-    idle = {
-        "precision": "idle",
-        "t0": idle_t0 - SETTLE_S,
-        "t1": time.time(),
-        "calls": 1,
-        "mean_call_us": 0.0,
-    }
-    phases = [idle] + [run_phase(args.case, p, args.seconds) for p in ("fast", "exact")]
-    smi.terminate()
-    samples = parse(smi.communicate()[0])
+    with tempfile.TemporaryFile(mode="w+") as log:
+        smi = sampler(log)
+        idle_t0 = time.time()
+        time.sleep(1.0)  # idle samples before the first phase, for the idle clock
+        idle = {
+            "precision": "idle",
+            "t0": idle_t0 - SETTLE_S,
+            "t1": time.time(),
+            "calls": 1,
+            "mean_call_us": 0.0,
+        }
+        phases = [idle] + [run_phase(args.case, p, args.seconds) for p in ("fast", "exact")]
+        smi.terminate()
+        smi.wait()
+        log.seek(0)
+        samples = parse(log.read())
     report = {
         "case": args.case,
         "device": torch.cuda.get_device_name(),
