@@ -1,13 +1,13 @@
 # Round 31, call A (carries DeepGEMM, the vLLM bundle, the wheel, vllm_ops.json, part-00 and this folder).
 # H200: the landed tree's final bench with DeepGEMM live (vLLM's top-k from the stored H200 figures;
 # calls B and C then bring vLLM's op library), the clock probe, the indexer GPU tests.
-# Any other card: the clock probe (and with NCU_PREFILL=1 ncu's stall reasons of the prefill scorers).
+# Any other card: stop with DIAG=0, else the clock probe (and with NCU_PREFILL=1 ncu's stall reasons of the prefill scorers).
 W=.device/wheels/${WHEEL:-d3}/b12x-0.1.0-cp310-abi3-linux_x86_64.whl
 R=/tmp/rA
 CARD=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-export RESULTS=$R CARD NCU NCU_PREFILL=${NCU_PREFILL:-}
+export RESULTS=$R CARD NCU NCU_PREFILL=${NCU_PREFILL:-} DIAG=${DIAG:-1}
 bash -c '
 source tools/gpu/common.sh '"$W"'
 case "$CARD" in
@@ -18,6 +18,7 @@ case "$CARD" in
   TAIL=3 step test_indexer 200 bash -c "cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer"
   ;;
 *)
+  [ "${DIAG:-1}" = 0 ] && { echo "not an H200: stop"; exit 0; }
   TAIL=4 step clocks 60 python3 tools/gpu/clock_probe.py --json $RESULTS/clocks.json
   [ -n "${NCU_PREFILL:-}" ] && for P in exact fast; do
     TAIL=2 step ncu_$P 120 $NCU --clock-control none --kernel-name regex:b12x_indexer_tma.*prefill \
@@ -26,5 +27,5 @@ case "$CARD" in
   done
   ;;
 esac'
-[ -f $R/indexer.json ] && cp $R/indexer.json $OUT/indexer.json
+mkdir -p $R; [ -f $R/indexer.json ] && cp $R/indexer.json $OUT/indexer.json
 tar -C $R -cJf $OUT/callA.tar.xz .
