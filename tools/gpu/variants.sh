@@ -5,8 +5,10 @@
 # whose tests run, e.g. TESTS="tp": the tests are the checked-out tree's, which
 # only that wheel's branch may pass): install it and run the indexer's GPU
 # tests (at most TEST_LIMIT seconds, default 300). Then ROUNDS times
-# (default 2; 0: the tests alone) for each wheel: install it
-# and run `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
+# (default 2; 0: the tests alone) for each wheel, round r starting from the
+# r-th wheel (in round 31's call 1 the first wheel of every round ran the
+# unchanged top-k 4-6% slower): install it and run
+# `b12x bench indexer --no-torch --no-deepgemm --cases $CASES --json`,
 # with $BENCH_ARGS added (e.g. "--flavor-arms wgmma": a forced-flavor arm in
 # the same interleaved run), and then $BENCH_ARGS_<NAME> for that name's runs
 # only (e.g. asc=WHEEL with BENCH_ARGS_asc="--page-order ascending": one wheel
@@ -36,7 +38,8 @@ for i in "${!NAMES[@]}"; do
     'cd tests && python3 -m pytest -q -p no:cacheprovider -ra indexer'
 done
 for r in $(seq 1 "$ROUNDS"); do
-  for i in "${!NAMES[@]}"; do
+  for k in "${!NAMES[@]}"; do
+    i=$(((k + r - 1) % ${#NAMES[@]}))
     install "${WHEELS[$i]}"
     own="BENCH_ARGS_${NAMES[$i]}"
     # shellcheck disable=SC2086  # CASES and BENCH_ARGS are word lists
