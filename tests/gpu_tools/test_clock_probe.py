@@ -31,7 +31,14 @@ def test_rows_parse_with_epoch_times_and_bad_lines_are_dropped():
 
 def test_a_phase_takes_the_median_of_its_samples_after_the_settling_time():
     t0 = 1_796_493_700.0
-    phase = {"precision": "exact", "t0": t0, "t1": t0 + 1.0, "calls": 300, "mean_call_us": 3200.0}
+    phase = {
+        "precision": "exact",
+        "t0": t0,
+        "t1": t0 + 1.0,
+        "settle_s": clock_probe.SETTLE_S,
+        "calls": 300,
+        "mean_call_us": 3200.0,
+    }
     samples = clock_probe.parse(
         "\n".join(
             [
@@ -52,7 +59,14 @@ def test_a_phase_takes_the_median_of_its_samples_after_the_settling_time():
 
 
 def test_a_phase_without_samples_says_so():
-    phase = {"precision": "fast", "t0": 10.0, "t1": 11.0, "calls": 5, "mean_call_us": 2000.0}
+    phase = {
+        "precision": "fast",
+        "t0": 10.0,
+        "t1": 11.0,
+        "settle_s": clock_probe.SETTLE_S,
+        "calls": 5,
+        "mean_call_us": 2000.0,
+    }
     out = clock_probe.summarize(phase, [])
     assert out["samples"] == 0
     assert "sm_mhz" not in out

@@ -7,7 +7,8 @@ the tensor pipe busy for milliseconds can hold the board at its power limit,
 and the SMs then run slower. This runs each precision's call eagerly for S
 seconds (a synchronize every 8 calls, so the queue stays short) while
 `nvidia-smi` samples every 20 ms, then gives each phase's median SM clock, power
-and active clock-event reasons over its samples (the first 0.3 s left out), and
+and active clock-event reasons over its samples (a call phase without its first
+0.3 s, while the clock settles; the idle second before them whole), and
 the call's mean time over the phase.
 """
 
@@ -92,13 +93,15 @@ def run_phase(case: str, precision: str, seconds: float) -> dict:
         "precision": precision,
         "t0": t0,
         "t1": t1,
+        "settle_s": SETTLE_S,
         "calls": calls,
         "mean_call_us": (t1 - t0) / calls * 1e6,
     }
 
 
 def summarize(phase: dict, samples: list[dict]) -> dict:
-    inside = [s for s in samples if phase["t0"] + SETTLE_S <= s["t"] <= phase["t1"]]
+    """The phase's medians over its samples from t0 + settle_s to t1."""
+    inside = [s for s in samples if phase["t0"] + phase["settle_s"] <= s["t"] <= phase["t1"]]
     out = {k: phase[k] for k in ("precision", "calls", "mean_call_us")}
     out["samples"] = len(inside)
     if inside:
@@ -120,10 +123,11 @@ def main() -> None:
         time.sleep(1.0)  # idle samples before the first phase, for the idle clock
         idle = {
             "precision": "idle",
-            "t0": idle_t0 - SETTLE_S,
+            "t0": idle_t0,
             "t1": time.time(),
-            "calls": 1,
-            "mean_call_us": 0.0,
+            "settle_s": 0.0,
+            "calls": 0,
+            "mean_call_us": None,
         }
         phases = [idle] + [run_phase(args.case, p, args.seconds) for p in ("fast", "exact")]
         smi.terminate()
