@@ -206,14 +206,23 @@ struct ThreadKeys {
         : first(first_pos), row(r), lrow(p.logits + (u64)r * p.logits_row_stride),
           out_i(p.out_indices + (u64)r * p.topk),
           out_s(p.out_scores ? p.out_scores + (u64)r * p.topk : nullptr) {
+        // Vectors of 4 logits (PER 2, 1: of PER), aligned as `first` is.
+        constexpr int V = PER < 4 ? PER : 4;
 #pragma unroll
-        for (int i = 0; i < PER; i += 4) {
+        for (int i = 0; i < PER; i += V) {
             const u32 pos = first + i;
-            float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-            if (pos < n) v = *reinterpret_cast<const float4*>(lrow + pos);
-            const float vs[4] = {v.x, v.y, v.z, v.w};
+            float vs[4] = {0.f, 0.f, 0.f, 0.f};
+            if (pos < n && V == 4) {
+                const float4 v = *reinterpret_cast<const float4*>(lrow + pos);
+                vs[0] = v.x, vs[1] = v.y, vs[2] = v.z, vs[3] = v.w;
+            } else if (pos < n && V == 2) {
+                const float2 v = *reinterpret_cast<const float2*>(lrow + pos);
+                vs[0] = v.x, vs[1] = v.y;
+            } else if (pos < n) {
+                vs[0] = lrow[pos];
+            }
 #pragma unroll
-            for (int j = 0; j < 4; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
+            for (int j = 0; j < V; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
         }
     }
     // The bit mask of the keys i for which sel(key[i]) holds.
@@ -603,3 +612,6 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
 }
 
 SELECT_KERNELS(gselect, select_grid)
+// Rows over the most CTAs (decode_r1: 131072 logits over 64 or 128).
+SELECT_KERNEL(gselect, select_grid, 2)
+SELECT_KERNEL(gselect, select_grid, 1)

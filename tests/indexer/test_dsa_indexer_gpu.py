@@ -282,6 +282,32 @@ def test_one_chunk_selection_edge_cases(width):
             assert bool((out[3] == -1).all())
 
 
+@pytest.mark.parametrize("flavor", [None, "tma_fp8"])
+def test_two_long_rows_select_over_the_widest_grid(flavor):
+    # rows 1 and 2 of the edge cases alone (+-0 ties past the candidates'
+    # bin, every logit equal): two rows of 131072 logits take the grid
+    # selection at its most CTAs a row (2 logits a thread), both precisions
+    if flavor is not None and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    inputs, zeros = edge_case_inputs(2048)
+    two = {k: v if k in ("index_k_cache", "active_width") else v[1:3].contiguous()
+           for k, v in inputs.items()}  # fmt: skip
+    for topk in (512, 2048):
+        plan = plan_for(two, topk, flavor=flavor)
+        assert plan.max_chunks == 1
+        b, out, sc = bind_for(plan, two)
+        for _ in range(2):  # the second call on the state the first left
+            out.fill_(7777)
+            di.run(b)
+            torch.cuda.synchronize()
+            if flavor is None:
+                check(two, topk, out, sc)
+                assert sorted(out[0].tolist()) == zeros[:topk]
+            else:
+                check_fast(two, topk, plan, b, out, sc)
+            assert sorted(out[1].tolist()) == list(range(topk))
+
+
 @pytest.mark.parametrize("width", [600, 2048])
 def test_one_chunk_selection_edge_cases_after_the_fast_scorer(width):
     # the same rows after the fast TMA decode scorer (on 2048 pages, the

@@ -230,20 +230,38 @@ const _: () = {
 
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
-/// per thread, at least 4) whose grid fits one wave of one CTA per SM, which
+/// per thread, at least 2) whose grid fits one wave of one CTA per SM, which
 /// its row barriers need; `None` when no shape fits or a row would take
 /// fewer than `GRID_SELECT_MIN_PARTS` CTAs.
 pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u32)> {
-    [4, 8, 16].into_iter().find_map(|per| {
+    let shape = [4, 8, 16].into_iter().find_map(|per| {
         let parts = supertile.div_ceil(SELECT_THREADS * per);
         let fits = (GRID_SELECT_MIN_PARTS..=GRID_SELECT_MAX_PARTS).contains(&parts)
             && rows as u64 * parts as u64 <= sms as u64;
         fits.then_some((parts, per))
+    });
+    // From 4 a thread, twice the CTAs at half the logits while they still
+    // fit one wave, down to GRID_SELECT_MIN_PER (the rows that take the grid
+    // stay the same).
+    shape.map(|(mut parts, mut per)| {
+        while per > GRID_SELECT_MIN_PER
+            && 2 * parts <= GRID_SELECT_MAX_PARTS
+            && rows as u64 * 2 * parts as u64 <= sms as u64
+        {
+            (parts, per) = (2 * parts, per / 2);
+        }
+        (parts, per)
     })
 }
 
+/// The fewest logits a thread of the grid selection holds (kernels
+/// `gselect_p{1,2,4,8,16}`).
+const GRID_SELECT_MIN_PER: u32 = 2;
+
 fn grid_select_kernel(per: u32) -> Kernel {
     match per {
+        1 => Kernel::IndexerGridSelectP1,
+        2 => Kernel::IndexerGridSelectP2,
         4 => Kernel::IndexerGridSelectP4,
         8 => Kernel::IndexerGridSelectP8,
         _ => Kernel::IndexerGridSelectP16,
@@ -1164,16 +1182,26 @@ mod tests {
     #[test]
     fn grid_selection_kernels_by_width() {
         use Kernel::*;
-        let kernels = [4, 8, 16].map(grid_select_kernel);
-        assert_eq!(kernels, [IndexerGridSelectP4, IndexerGridSelectP8, IndexerGridSelectP16]);
+        let kernels = [1, 2, 4, 8, 16].map(grid_select_kernel);
+        let want = [
+            IndexerGridSelectP1,
+            IndexerGridSelectP2,
+            IndexerGridSelectP4,
+            IndexerGridSelectP8,
+            IndexerGridSelectP16,
+        ];
+        assert_eq!(kernels, want);
         // the entry points the PTX exports (checked in ptx.rs): gselect_p{4,8,16}
         assert_eq!(IndexerGridSelectP8.symbol(), "b12x_indexer_gselect_p8");
     }
 
     #[test]
     fn grid_select_shapes() {
-        // one row x 131072: 32 CTAs of 4096 logits
-        assert_eq!(grid_select_shape(1, 131072, 132), Some((32, 4)));
+        // one row x 131072: 64 CTAs of 2048 logits; two rows: 64 each;
+        // three: 32 each at 4 a thread
+        assert_eq!(grid_select_shape(1, 131072, 132), Some((64, 2)));
+        assert_eq!(grid_select_shape(2, 131072, 132), Some((64, 2)));
+        assert_eq!(grid_select_shape(3, 131072, 132), Some((32, 4)));
         // 16 rows x 65536: one wave at 8 logits per thread
         assert_eq!(grid_select_shape(16, 65536, 132), Some((8, 8)));
         // 2 CTAs a row (64 x 32768), short rows, a row past 128 CTAs: none
