@@ -206,7 +206,7 @@ struct ThreadKeys {
         : first(first_pos), row(r), lrow(p.logits + (u64)r * p.logits_row_stride),
           out_i(p.out_indices + (u64)r * p.topk),
           out_s(p.out_scores ? p.out_scores + (u64)r * p.topk : nullptr) {
-        // Vectors of 4 logits (PER 2, 1: of PER), aligned as `first` is.
+        // Vectors of 4 logits (PER 2: of 2), aligned as `first` is.
         constexpr int V = PER < 4 ? PER : 4;
 #pragma unroll
         for (int i = 0; i < PER; i += V) {
@@ -215,11 +215,9 @@ struct ThreadKeys {
             if (pos < n && V == 4) {
                 const float4 v = *reinterpret_cast<const float4*>(lrow + pos);
                 vs[0] = v.x, vs[1] = v.y, vs[2] = v.z, vs[3] = v.w;
-            } else if (pos < n && V == 2) {
+            } else if (pos < n) {
                 const float2 v = *reinterpret_cast<const float2*>(lrow + pos);
                 vs[0] = v.x, vs[1] = v.y;
-            } else if (pos < n) {
-                vs[0] = lrow[pos];
             }
 #pragma unroll
             for (int j = 0; j < V; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;
@@ -612,6 +610,6 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
 }
 
 SELECT_KERNELS(gselect, select_grid)
-// Rows over the most CTAs (decode_r1: 131072 logits over 64 or 128).
+// Rows over the most CTAs (decode_r1: 131072 logits over 64; at 1 a thread
+// over 128 measured no faster, bench-results/h200/indexer-round32-notes.md).
 SELECT_KERNEL(gselect, select_grid, 2)
-SELECT_KERNEL(gselect, select_grid, 1)

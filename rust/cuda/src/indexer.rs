@@ -255,12 +255,13 @@ pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u3
 }
 
 /// The fewest logits a thread of the grid selection holds (kernels
-/// `gselect_p{1,2,4,8,16}`).
+/// `gselect_p{2,4,8,16}`; one row of 131072 logits measured 0.2-0.25 us
+/// faster at 2 than at 4 on an H100, and no faster at 1:
+/// bench-results/h200/indexer-round32-notes.md).
 const GRID_SELECT_MIN_PER: u32 = 2;
 
 fn grid_select_kernel(per: u32) -> Kernel {
     match per {
-        1 => Kernel::IndexerGridSelectP1,
         2 => Kernel::IndexerGridSelectP2,
         4 => Kernel::IndexerGridSelectP4,
         8 => Kernel::IndexerGridSelectP8,
@@ -1182,16 +1183,11 @@ mod tests {
     #[test]
     fn grid_selection_kernels_by_width() {
         use Kernel::*;
-        let kernels = [1, 2, 4, 8, 16].map(grid_select_kernel);
-        let want = [
-            IndexerGridSelectP1,
-            IndexerGridSelectP2,
-            IndexerGridSelectP4,
-            IndexerGridSelectP8,
-            IndexerGridSelectP16,
-        ];
+        let kernels = [2, 4, 8, 16].map(grid_select_kernel);
+        let want =
+            [IndexerGridSelectP2, IndexerGridSelectP4, IndexerGridSelectP8, IndexerGridSelectP16];
         assert_eq!(kernels, want);
-        // the entry points the PTX exports (checked in ptx.rs): gselect_p{4,8,16}
+        // the entry points the PTX exports (checked in ptx.rs): gselect_p{2,4,8,16}
         assert_eq!(IndexerGridSelectP8.symbol(), "b12x_indexer_gselect_p8");
     }
 

@@ -176,7 +176,6 @@ modules! {
         IndexerSelectP4 = "b12x_indexer_select_p4",
         IndexerSelectP8 = "b12x_indexer_select_p8",
         IndexerSelectP16 = "b12x_indexer_select_p16",
-        IndexerGridSelectP1 = "b12x_indexer_gselect_p1",
         IndexerGridSelectP2 = "b12x_indexer_gselect_p2",
         IndexerGridSelectP4 = "b12x_indexer_gselect_p4",
         IndexerGridSelectP8 = "b12x_indexer_gselect_p8",
