@@ -330,6 +330,34 @@ def test_one_chunk_selection_edge_cases_after_the_fast_scorer(width):
             assert bool((out[3] == -1).all())
 
 
+@pytest.mark.parametrize("width", [600, 2048])
+@pytest.mark.parametrize("flavor", [None, "tma_fp8"])
+def test_one_chunk_selection_scores_are_the_logits_bit_for_bit(width, flavor):
+    # the one-chunk selections (a cluster a row on 600 pages, the grid on
+    # 2048) score each selected position with its logit in the scratch, bit
+    # for bit: NaNs, -0, negative numbers (every logit of these rows is <= 0)
+    if flavor is not None and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the fast flavors are Hopper's")
+    inputs, _ = edge_case_inputs(width)
+    for topk in (512, 2048):
+        plan = plan_for(inputs, topk, flavor=flavor)
+        assert plan.max_chunks == 1
+        b, out, sc = bind_for(plan, inputs)
+        di.run(b)
+        torch.cuda.synchronize()
+        logits = di.scratch_views(b)["logits"]
+        for r in range(out.shape[0]):
+            pos = out[r][out[r] >= 0].long()
+            got = sc[r, : pos.numel()].contiguous().view(torch.int32)
+            want = logits[r, pos].contiguous().view(torch.int32)
+            assert torch.equal(got, want), f"row {r}, topk {topk}"
+        # row 1's best are its zeros, nearly all -0 (a negative sum times
+        # scale 0); their selection key is +0's, so a score rebuilt from the
+        # key would lose the sign
+        zeros = logits[1, out[1].long()]
+        assert bool((zeros == 0).all()) and bool(torch.signbit(zeros).any())
+
+
 # The inexact flavors (FP8 wgmma accumulation), sm_90 only; tma_fp8 is the default.
 FAST_FLAVORS = ("wgmma_fp8", "tma_fp8")
 
