@@ -255,9 +255,9 @@ pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u3
 }
 
 /// The fewest logits a thread of the grid selection holds (kernels
-/// `gselect_p{2,4,8,16}`; one row of 131072 logits measured 0.2-0.25 us
-/// faster at 2 than at 4 on an H100, and no faster at 1:
-/// bench-results/h200/indexer-round32-notes.md).
+/// `gselect_p{2,4,8,16}`). A decode call of one row of 131072 logits took
+/// about 0.45 us less at 2 than at 4 on an H200 (0.2-0.25 on an H100); at 1
+/// it was no faster: bench-results/h200/indexer-round32-notes.md.
 const GRID_SELECT_MIN_PER: u32 = 2;
 
 fn grid_select_kernel(per: u32) -> Kernel {
