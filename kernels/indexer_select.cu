@@ -212,12 +212,14 @@ struct ThreadKeys {
         for (int i = 0; i < PER; i += V) {
             const u32 pos = first + i;
             float vs[4] = {0.f, 0.f, 0.f, 0.f};
-            if (pos < n && V == 4) {
-                const float4 v = *reinterpret_cast<const float4*>(lrow + pos);
-                vs[0] = v.x, vs[1] = v.y, vs[2] = v.z, vs[3] = v.w;
-            } else if (pos < n) {
-                const float2 v = *reinterpret_cast<const float2*>(lrow + pos);
-                vs[0] = v.x, vs[1] = v.y;
+            if (pos < n) {
+                if constexpr (V == 4) {
+                    const float4 v = *reinterpret_cast<const float4*>(lrow + pos);
+                    vs[0] = v.x, vs[1] = v.y, vs[2] = v.z, vs[3] = v.w;
+                } else {
+                    const float2 v = *reinterpret_cast<const float2*>(lrow + pos);
+                    vs[0] = v.x, vs[1] = v.y;
+                }
             }
 #pragma unroll
             for (int j = 0; j < V; ++j) key[i + j] = pos + j < n ? sel_key(vs[j]) : 0u;

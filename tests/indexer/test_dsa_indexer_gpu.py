@@ -124,6 +124,12 @@ def check(inputs, topk, out, sc, *, space="logical"):
     )
 
 
+def require_hopper(why="the fast flavors are Hopper's"):
+    """Skips the calling test off sm_90, where the kernels it names do not run."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip(why)
+
+
 # ------------------------------------------------------------------ tests
 
 
@@ -287,11 +293,11 @@ def test_two_long_rows_select_over_the_widest_grid(flavor):
     # rows 1 and 2 of the edge cases alone (+-0 ties past the candidates'
     # bin, every logit equal): two rows of 131072 logits take the grid
     # selection at its most CTAs a row (2 logits a thread), both precisions
-    if flavor is not None and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fast flavors are Hopper's")
+    if flavor is not None:
+        require_hopper()
     inputs, zeros = edge_case_inputs(2048)
-    two = {k: v if k in ("index_k_cache", "active_width") else v[1:3].contiguous()
-           for k, v in inputs.items()}  # fmt: skip
+    per_row = ("q_fp8", "query_weights", "page_table", "cache_lengths")
+    two = {**inputs, **{k: inputs[k][1:3].contiguous() for k in per_row}}
     for topk in (512, 2048):
         plan = plan_for(two, topk, flavor=flavor)
         assert plan.max_chunks == 1
@@ -312,8 +318,7 @@ def test_two_long_rows_select_over_the_widest_grid(flavor):
 def test_one_chunk_selection_edge_cases_after_the_fast_scorer(width):
     # the same rows after the fast TMA decode scorer (on 2048 pages, the
     # grid selection after it), twice on one binding as above
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fast flavors are Hopper's")
+    require_hopper()
     inputs, _ = edge_case_inputs(width)
     for topk in (512, 2048):
         plan = plan_for(inputs, topk, flavor="tma_fp8")
@@ -336,8 +341,8 @@ def test_one_chunk_selection_scores_are_the_logits_bit_for_bit(width, flavor):
     # the one-chunk selections (a cluster a row on 600 pages, the grid on
     # 2048) score each selected position with its logit in the scratch, bit
     # for bit: NaNs, -0, negative numbers (every logit of these rows is <= 0)
-    if flavor is not None and torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fast flavors are Hopper's")
+    if flavor is not None:
+        require_hopper()
     inputs, _ = edge_case_inputs(width)
     for topk in (512, 2048):
         plan = plan_for(inputs, topk, flavor=flavor)
@@ -453,8 +458,7 @@ def test_exact_tma_prefill_restages_q_between_segments():
     # so its warpgroups restage Q and the weights between segments. Its
     # logits against the reference and the wgmma flavor's (both exact), and
     # its selection.
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("tma_f16 is sm_90's")
+    require_hopper("tma_f16 is sm_90's")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     width = 40  # 2560 tokens: one chunk of a 2560-token supertile
     rows = 8 * (sms // 2 + 3)  # row blocks of 8: about 2.5 units of 8 pages a CTA
@@ -644,8 +648,7 @@ def check_fast(inputs, topk, plan, b, out, sc):
     ],
 )
 def test_fast_flavors_against_the_reference(mode, rows, heads, width, lengths, supertile):
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fast flavors are Hopper's")
+    require_hopper()
     inputs = make_case(rows, heads, width, lengths, mode=mode, unmapped=[(0, 1)], seed=rows + heads)
     for flavor in FAST_FLAVORS:
         for space in ("logical", "physical"):
@@ -657,8 +660,7 @@ def test_fast_flavors_against_the_reference(mode, rows, heads, width, lengths, s
 
 
 def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the fast flavors are Hopper's")
+    require_hopper()
     # page ids whose byte offset passes 2^31 (the tensor map's page stride is 64-bit)
     stride = (1 << 20) + 16
     inputs = make_case(4, 64, 8, [8 * PAGE, 300, 8 * PAGE - 1, 64], page_stride=stride,
@@ -679,8 +681,7 @@ def test_tma_decode_scores_long_segments_in_page_id_order(flavor):
     # its logical position. 8 rows of 1100 pages: about 67 pages a CTA, cut at
     # row ends into segments above and below that minimum; unmapped pages, an
     # id past the cache (reported), partial last pages, an empty row.
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the TMA scorers are Hopper's")
+    require_hopper("the TMA scorers are Hopper's")
     rows, width = 8, 1100
     lengths = [width * PAGE, width * PAGE - 37, 700 * PAGE + 5, 900 * PAGE, 0, 1,
                width * PAGE - 64, 2000]  # fmt: skip

@@ -230,35 +230,23 @@ const _: () = {
 
 /// The grid selection's shape for `rows` rows of `supertile` logits on `sms`
 /// SMs: (CTAs per row, logits per thread), the most CTAs (the fewest logits
-/// per thread, at least 2) whose grid fits one wave of one CTA per SM, which
-/// its row barriers need; `None` when no shape fits or a row would take
-/// fewer than `GRID_SELECT_MIN_PARTS` CTAs.
+/// per thread) whose grid fits one wave of one CTA per SM, which its row
+/// barriers need; `None` when no shape fits or a row would take fewer than
+/// `GRID_SELECT_MIN_PARTS` CTAs at 4 logits a thread.
+///
+/// 2 a thread (`gselect_p2`) only doubles the CTAs of rows that take the grid
+/// at 4: a decode call of one row of 131072 logits took about 0.45 us less
+/// over 64 CTAs than over 32 on an H200 (0.2-0.25 on an H100), and at 1 a
+/// thread over 128 it was no faster (bench-results/h200/indexer-round32-notes.md).
 pub fn grid_select_shape(rows: u32, supertile: u32, sms: u32) -> Option<(u32, u32)> {
-    let shape = [4, 8, 16].into_iter().find_map(|per| {
+    let fits =
+        |parts: u32| parts <= GRID_SELECT_MAX_PARTS && rows as u64 * parts as u64 <= sms as u64;
+    let (parts, per) = [4, 8, 16].into_iter().find_map(|per| {
         let parts = supertile.div_ceil(SELECT_THREADS * per);
-        let fits = (GRID_SELECT_MIN_PARTS..=GRID_SELECT_MAX_PARTS).contains(&parts)
-            && rows as u64 * parts as u64 <= sms as u64;
-        fits.then_some((parts, per))
-    });
-    // From 4 a thread, twice the CTAs at half the logits while they still
-    // fit one wave, down to GRID_SELECT_MIN_PER (the rows that take the grid
-    // stay the same).
-    shape.map(|(mut parts, mut per)| {
-        while per > GRID_SELECT_MIN_PER
-            && 2 * parts <= GRID_SELECT_MAX_PARTS
-            && rows as u64 * 2 * parts as u64 <= sms as u64
-        {
-            (parts, per) = (2 * parts, per / 2);
-        }
-        (parts, per)
-    })
+        (parts >= GRID_SELECT_MIN_PARTS && fits(parts)).then_some((parts, per))
+    })?;
+    Some(if per == 4 && fits(2 * parts) { (2 * parts, 2) } else { (parts, per) })
 }
-
-/// The fewest logits a thread of the grid selection holds (kernels
-/// `gselect_p{2,4,8,16}`). A decode call of one row of 131072 logits took
-/// about 0.45 us less at 2 than at 4 on an H200 (0.2-0.25 on an H100); at 1
-/// it was no faster: bench-results/h200/indexer-round32-notes.md.
-const GRID_SELECT_MIN_PER: u32 = 2;
 
 fn grid_select_kernel(per: u32) -> Kernel {
     match per {
