@@ -675,12 +675,11 @@ def test_fast_flavors_with_a_padded_page_stride_and_far_page_ids():
 
 
 @pytest.mark.parametrize("flavor", ["tma_f16", "tma_fp8"])
-def test_tma_decode_scores_long_segments_in_page_id_order(flavor):
-    # A decode CTA with 32 or more pages of a row issues them in page-id order
-    # (hp_order_window), up to 256 at a time; every logit must still land at
-    # its logical position. 8 rows of 1100 pages: about 67 pages a CTA, cut at
-    # row ends into segments above and below that minimum; unmapped pages, an
-    # id past the cache (reported), partial last pages, an empty row.
+def test_tma_decode_scores_long_segments_at_their_logical_positions(flavor):
+    # Decode CTAs whose work crosses row ends: 8 rows of 1100 pages, about 67
+    # pages a CTA, so segments longer and shorter than the producer's ring;
+    # every logit must land at its logical position. Unmapped pages, an id
+    # past the cache (reported), partial last pages, an empty row.
     require_hopper("the TMA scorers are Hopper's")
     rows, width = 8, 1100
     lengths = [width * PAGE, width * PAGE - 37, 700 * PAGE + 5, 900 * PAGE, 0, 1,
