@@ -54,6 +54,10 @@ def test_every_shape_fits_an_sm_and_cuts_pages_into_whole_copies():
     assert not probe.shape_fits(4, 6, 1), "a stage freed by two consumer warps"
     assert not probe.shape_fits(1, 16, 5), "8448 bytes do not cut into 5 copies"
     assert not probe.shape_fits(1, 16, 32), "264-byte copies are not whole 16-byte units"
+    assert probe.shape_fits(1, 16, 1, 4), "four issuing warps, four stages each"
+    assert not probe.shape_fits(1, 16, 1, 8), "more warps than the kernel's launch bound"
+    assert not probe.shape_fits(1, 8, 1, 3), "a stage filled by two issuing warps"
+    assert probe.threads(2) == 32 * (2 + probe.CONSUMERS)
 
 
 def test_sweep_puts_every_ctas_kth_read_in_one_window_of_ids():

@@ -1,8 +1,8 @@
 """Does the order of a page gather change what HBM gives it?
 
     python3 tools/gpu/gather_order_probe.py [OUT.json]
-    GATHER_PROBE_ONLY=KEY GATHER_PROBE_REPS=1 compute-sanitizer python3 \
-        tools/gpu/gather_order_probe.py   (one run, e.g. random_s8_c2_x1, once)
+    GATHER_PROBE_ONLY=KEY[,KEY...] GATHER_PROBE_REPS=1 compute-sanitizer python3 \
+        tools/gpu/gather_order_probe.py   (those runs, e.g. random_s8_c2_x1, once)
 
 decode_r64_L32768 reads all 32768 pages of its cache (8448 bytes each),
 every page once, at ids that `b12x bench indexer` draws as one random
@@ -32,9 +32,11 @@ chunk could gain:
                   row's chunk) to read this way
 
 Then, on random, identity and sweep, other shapes of the same gather
-(SHAPES): 2-4 CTAs an SM (more issuing warps, fewer stages each) and each
-page as 2 or 4 bulk copies (smaller requests): whether the one-copy-a-page
-ring itself is what caps the rate.
+(SHAPES): 2-4 CTAs an SM (more issuing warps, fewer stages each), one CTA
+with 2 or 4 issuing warps sharing its ring (round 33: is it the issuers or
+the CTAs that 2-4 CTAs an SM gain from?), and each page as 2 or 4 bulk
+copies (smaller requests): whether the one-copy-a-page ring itself is what
+caps the rate.
 
 CuPy kernels, CUDA events, a 120 MiB buffer rewritten before every sample so
 the L2 holds none of the cache; medians of 20 samples (every sample in the
@@ -70,19 +72,21 @@ __device__ __forceinline__ void bar_arrive(u32 bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
 }
 
-// CTA g gathers table entries [g n / G, (g + 1) n / G): warp 0 loads 32 ids
-// at a time and its lane 0 copies page table[i] into ring stage i % stages
-// (`split` bulk copies of page_bytes / split, completion counted on the
-// stage's full barrier); warp 1 + (i % consumers) waits for it, reads a word
-// of it and frees the stage.
-extern "C" __global__ void __launch_bounds__(160, 1)
+// CTA g gathers table entries [g n / G, (g + 1) n / G): the issuing warps
+// (the first `issuers`) load 32 ids at a time, and lane 0 of warp
+// i % issuers copies page table[i] into ring stage i % stages (`split` bulk
+// copies of page_bytes / split, completion counted on the stage's full
+// barrier); consumer warp i % consumers waits for it, reads a word of it and
+// frees the stage.
+extern "C" __global__ void __launch_bounds__(256, 1)
 ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ table,
-            u32 entries, u32 page_bytes, u32 stages, u32 split, unsigned* out) {
+            u32 entries, u32 page_bytes, u32 stages, u32 split, u32 issuers, unsigned* out) {
     extern __shared__ __align__(128) unsigned char smem[];
     const u32 full0 = saddr(smem + stages * page_bytes), empty0 = full0 + 8 * stages;
     const u32 a = (u32)((u64)blockIdx.x * entries / gridDim.x);
     const u32 b = (u32)((u64)(blockIdx.x + 1) * entries / gridDim.x);
-    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31, consumers = blockDim.x / 32 - 1;
+    const u32 warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const u32 consumers = blockDim.x / 32 - issuers;
     if (threadIdx.x == 0) {
         for (u32 s = 0; s < stages; ++s) {
             bar_init(full0 + 8 * s, 1);
@@ -91,13 +95,14 @@ ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ tabl
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (warp == 0) {
+    if (warp < issuers) {
         for (u32 i0 = a; i0 < b; i0 += 32) {
             const int mine = i0 + lane < b ? table[i0 + lane] : 0;
             const u32 count = min(32u, b - i0);
             for (u32 j = 0; j < count; ++j) {
                 const int pid = __shfl_sync(0xffffffffu, mine, j);
                 const u32 k = i0 + j - a, s = k % stages;
+                if (k % issuers != warp) continue;  // another issuer's page
                 bar_wait(empty0 + 8 * s, ((k / stages) & 1) ^ 1);
                 if (lane == 0) {
                     const u32 full = full0 + 8 * s, dst = saddr(smem + s * page_bytes);
@@ -118,7 +123,7 @@ ring_gather(const unsigned char* __restrict__ base, const int* __restrict__ tabl
         return;
     }
     unsigned acc = 0;
-    for (u32 k = warp - 1; k < b - a; k += consumers) {
+    for (u32 k = warp - issuers; k < b - a; k += consumers) {
         const u32 s = k % stages;
         bar_wait(full0 + 8 * s, (k / stages) & 1);
         acc ^= reinterpret_cast<const unsigned*>(smem + s * page_bytes)[lane];
@@ -133,12 +138,12 @@ ROWS, WIDTH = 64, 512  # decode_r64_L32768: 64 rows of 512 pages
 GRID = 132  # one CTA an SM (H100 / H200)
 # the orders also timed at 8 and 24 stages (the rest at 16 only)
 DEPTH_ORDERS = ("random", "segment_sorted", "chunk_sorted", "identity", "sweep")
-THREADS = 160  # warp 0 issues, 4 consumer warps (the decode scorer's four warpgroups)
-CONSUMERS = THREADS // 32 - 1
-# (CTAs an SM, stages a CTA, bulk copies a page) also timed on random,
-# identity and sweep: whether more issuers, or smaller copies, move more
-# bytes than the scorer's one CTA an SM with one copy a page
-SHAPES = ((1, 16, 2), (1, 16, 4), (2, 8, 1), (2, 8, 2), (3, 8, 1), (4, 4, 1))
+CONSUMERS = 4  # consumer warps (the decode scorer's four warpgroups), after the issuing warps
+# (CTAs an SM, stages a CTA, bulk copies a page, issuing warps a CTA) also
+# timed on random, identity and sweep: whether more issuers, or smaller
+# copies, move more bytes than the scorer's one CTA an SM with one copy a page
+SHAPES = ((1, 16, 2, 1), (1, 16, 4, 1), (2, 8, 1, 1), (2, 8, 2, 1), (3, 8, 1, 1), (4, 4, 1, 1),
+          (1, 16, 1, 2), (1, 16, 1, 4))  # fmt: skip
 SMEM_PER_SM = 228 * 1024  # H100 / H200; the runtime keeps 1 KiB of it a CTA
 
 
@@ -147,11 +152,16 @@ def smem_bytes(stages: int) -> int:
     return stages * PAGE_BYTES + 16 * stages
 
 
-def shape_fits(per_sm: int, stages: int, split: int) -> bool:
+def threads(issuers: int) -> int:
+    """A CTA's threads: its issuing warps, then the consumer warps."""
+    return 32 * (issuers + CONSUMERS)
+
+
+def shape_fits(per_sm: int, stages: int, split: int, issuers: int = 1) -> bool:
     """Whether `per_sm` CTAs of `stages` stages share one SM, each stage always
-    freed by the same consumer warp, and a page cuts into `split` bulk copies
-    of a multiple of 16 bytes (else the barrier's expected bytes are never met
-    and the kernel hangs).
+    freed by the same consumer warp and filled by the same issuing warp, and a
+    page cuts into `split` bulk copies of a multiple of 16 bytes (else the
+    barrier's expected bytes are never met and the kernel hangs).
 
     The stages must be a multiple of the consumers: a consumer waits for its
     stage's phase by parity, which only tells phases apart one apart. With a
@@ -160,6 +170,8 @@ def shape_fits(per_sm: int, stages: int, split: int) -> bool:
     time and break the ring (an H100 run of 4 CTAs of 6 stages failed so)."""
     return (
         stages % CONSUMERS == 0
+        and stages % issuers == 0
+        and threads(issuers) <= 256  # the kernel's launch bound
         and per_sm * (smem_bytes(stages) + 1024) <= SMEM_PER_SM
         and PAGE_BYTES % split == 0
         and (PAGE_BYTES // split) % 16 == 0
@@ -227,24 +239,25 @@ def main() -> int:
     cache = cp.random.randint(0, 255, size=pages * PAGE_BYTES, dtype=cp.uint8)
     results: dict[str, dict] = {}
     tables = {k: cp.asarray(v) for k, v in orders(np.random.default_rng(1234)).items()}
-    runs = [(name, 1, stages, 1) for stages in (8, 16, 24) for name in tables
+    runs = [(name, 1, stages, 1, 1) for stages in (8, 16, 24) for name in tables
             if stages == 16 or name in DEPTH_ORDERS]  # fmt: skip
     runs += [(name, *shape) for shape in SHAPES for name in ("random", "identity", "sweep")]
     only = os.environ.get("GATHER_PROBE_ONLY")
     reps = int(os.environ.get("GATHER_PROBE_REPS", "20"))
-    for name, per_sm, stages, split in runs:
+    for name, per_sm, stages, split, issuers in runs:
         key = f"{name}_s{stages}" + (f"_c{per_sm}_x{split}" if (per_sm, split) != (1, 1) else "")
-        if only is not None and key != only:
+        key += f"_i{issuers}" if issuers != 1 else ""
+        if only is not None and not any(key == k for k in only.split(",")):
             continue
-        if not shape_fits(per_sm, stages, split):
-            shape = (per_sm, stages, split)
+        if not shape_fits(per_sm, stages, split, issuers):
+            shape = (per_sm, stages, split, issuers)
             raise SystemExit(f"gather_order_probe: shape {shape} does not fit an SM")
         smem = smem_bytes(stages)
         kernel.max_dynamic_shared_size_bytes = smem
         table = tables[name] if name != "sweep" else cp.asarray(sweep(pages, GRID * per_sm))
         args = (cache, table, np.uint32(pages), np.uint32(PAGE_BYTES), np.uint32(stages),
-                np.uint32(split), out)  # fmt: skip
-        launch = partial(kernel, (GRID * per_sm,), (THREADS,), args, shared_mem=smem)
+                np.uint32(split), np.uint32(issuers), out)  # fmt: skip
+        launch = partial(kernel, (GRID * per_sm,), (threads(issuers),), args, shared_mem=smem)
         print(f"gather_order_probe: {key}", file=sys.stderr, flush=True)
         try:
             launch()  # warm: the module's load and the first touch stay out of the samples
@@ -256,6 +269,7 @@ def main() -> int:
             raise SystemExit(f"gather_order_probe: {key} failed: {e}") from e
         results[key] = {
             "order": name, "stages": stages, "ctas_per_sm": per_sm, "copies_per_page": split,
+            "issuers": issuers,
             "median_us": us, "TBps": pages * PAGE_BYTES / us / 1e6, "samples_us": samples,
         }  # fmt: skip
     report(results)
