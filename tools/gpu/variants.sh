@@ -14,7 +14,8 @@
 # only (e.g. asc=WHEEL with BENCH_ARGS_asc="--page-order ascending": one wheel
 # under two settings).
 # Logs and JSON go to $RESULTS (default gpu-results/), packed into
-# $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column.
+# $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column, then each
+# wheel's median over its rounds beside the first wheel's (tools/gpu/variants_summary.py).
 source "$(dirname "$0")/common.sh" ""
 CASES=${CASES:-prefill_r4096_L32768}
 ROUNDS=${ROUNDS:-2}
@@ -48,18 +49,4 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 tar -C "$RESULTS" -cJf "$RESULTS/variants.tar.xz" --exclude variants.tar.xz .
-python3 - "$RESULTS" "${NAMES[@]}" <<'EOF'
-import json, sys
-from pathlib import Path
-res, names = Path(sys.argv[1]), sys.argv[2:]
-runs = sorted(res.glob("*-[0-9]*.json"), key=lambda p: (p.stem.rsplit("-", 1)[1], names.index(p.stem.rsplit("-", 1)[0])))
-table = {}
-for path in runs:
-    for r in json.loads(path.read_text())["results"]:
-        if r.get("median_us") is not None:
-            table.setdefault((r["case"], r["arm"]), {})[path.stem] = r["median_us"]
-cols = [p.stem for p in runs]
-print(f"{'case':22} {'arm':22} " + " ".join(f"{c:>12}" for c in cols))
-for (case, arm), v in table.items():
-    print(f"{case[:22]:22} {arm:22} " + " ".join(f"{v.get(c, float('nan')):12.1f}" for c in cols))
-EOF
+python3 "$(dirname "$0")/variants_summary.py" "$RESULTS" "${NAMES[@]}"
