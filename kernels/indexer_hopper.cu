@@ -1,6 +1,6 @@
 // Hopper (sm_90a) scorers fed by the tensor memory accelerator (TMA):
-// persistent CTAs, one producer warp, four (decode) or two (prefill) consumer
-// warpgroups.
+// persistent CTAs, one producer warp, four (exact decode) or two (fast decode,
+// two CTAs an SM; prefill) consumer warpgroups.
 //
 // Same contract as the other scorers (ScoreParams, the logits chunk, the
 // live-length rule, "not a candidate" for unmapped pages, page ids bounded by
@@ -19,8 +19,8 @@
 //     K, no conversion, natural dim order on both sides;
 //   * FP8 wgmma m64nNk32 (precision="fast": Hopper's FP8 accumulation keeps
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
-//   * decode (memory-bound) has four consumer warpgroups and deals them the
-//     pages in turn. Prefill (MMA-bound) has two, each taking 4 of the
+//   * decode (memory-bound) deals its consumer warpgroups the pages in turn
+//     (exact: four; fast: two, in two CTAs an SM). Prefill (MMA-bound) has two, each taking 4 of the
 //     block's 8 query rows on every page, its MMAs in two parts of 2 rows
 //     (N = 2 x heads + 8, a commit group each) that roll through runs of
 //     HP_PREFILL_RUN pages: each part's epilogue runs while the next part's
@@ -39,7 +39,7 @@
 // rows sharing one page-table row) in units of UNIT pages, prefix-summed in
 // shared memory by every CTA; CTA g takes units [g U / G, (g + 1) U / G), so
 // the split follows the live lengths (device values) while the grid stays
-// static (one CTA per SM). The producer and the consumers walk the same
+// static (one or two CTAs per SM). The producer and the consumers walk the same
 // segment list (block, page range); a block's Q (and the consumers' weights)
 // is loaded once per segment, double-buffered.
 #include "indexer_common.cuh"
@@ -53,6 +53,11 @@
 #define HP_DECODE_THREADS 640
 #define HP_PREFILL_THREADS 384
 #define HP_DECODE_STAGES 16
+// The fast decode scorer's CTA: two consumer warpgroups, two CTAs an SM.
+#define HP_FAST_DECODE_CONSUMERS 2
+#define HP_FAST_DECODE_THREADS 384
+#define HP_FAST_DECODE_STAGES 8
+#define HP_FAST_DECODE_CTAS 2
 #define HP_PREFILL_STAGES 8
 #define HP_PREFILL_ROWS 8  // query rows of a prefill block (4 per consumer warpgroup)
 #define HP_PREFILL_UNIT 8  // pages per prefill work unit
@@ -72,17 +77,21 @@ static_assert(HP_DECODE_STAGES % HP_DECODE_CONSUMERS == 0, "a decode stage, one 
 // launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
 // asking for more than the producer gives back blocks the consumers for ever
 // (seen on an H200 with 40 / 112 for 640 threads).
-template <int CONSUMERS>
+template <int CONSUMERS, int CTAS = 1>
 struct HpRoles {
     static constexpr u32 THREADS = 128 * (1 + CONSUMERS);
-    static constexpr u32 ENTRY_REGS = 65536 / THREADS / 8 * 8;
-    static constexpr u32 PRODUCER_REGS = CONSUMERS == 4 ? 32 : 40;
-    static constexpr u32 CONSUMER_REGS = CONSUMERS == 4 ? 112 : 232;
-    static_assert(CONSUMERS == 2 || CONSUMERS == 4, "the two shapes");
+    static constexpr u32 ENTRY_REGS = 65536 / CTAS / THREADS / 8 * 8;
+    static constexpr u32 PRODUCER_REGS = CTAS == 2 ? 32 : (CONSUMERS == 4 ? 32 : 40);
+    static constexpr u32 CONSUMER_REGS = CTAS == 2 ? 104 : (CONSUMERS == 4 ? 112 : 232);
+    static_assert(CONSUMERS == 2 || CONSUMERS == 4, "the shapes");
+    static_assert(CTAS == 1 || CONSUMERS == 2, "two CTAs an SM: two consumer warpgroups each");
     static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * ENTRY_REGS,
                   "the consumers' registers come from the producer's");
 };
 static_assert(HpRoles<HP_DECODE_CONSUMERS>::THREADS == HP_DECODE_THREADS, "decode CTA");
+static_assert(HpRoles<HP_FAST_DECODE_CONSUMERS, HP_FAST_DECODE_CTAS>::THREADS == HP_FAST_DECODE_THREADS,
+              "fast decode CTA");
+static_assert(HP_FAST_DECODE_STAGES % HP_FAST_DECODE_CONSUMERS == 0, "a fast decode stage, one warpgroup");
 static_assert(HpRoles<HP_PREFILL_CONSUMERS>::THREADS == HP_PREFILL_THREADS, "prefill CTA");
 
 // A CUtensorMap (the driver encodes it on the host; opaque here).
@@ -562,10 +571,10 @@ __device__ __forceinline__ void hp_produce(const HopperParams& hp, u8* smem, con
 // HP: padded heads; RPB: rows per block; QR: rows per consumer tile
 // (decode 1: the warpgroups on one row, pages in turn; prefill 4: the two
 // warpgroups split the block's 8 rows, every page).
-template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>
+template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS, int CTAS = 1>
 __device__ __forceinline__ void hp_score(const HopperParams& hp) {
     using L = HpSmem<HP, RPB, STAGES>;
-    using Roles = HpRoles<CONSUMERS>;
+    using Roles = HpRoles<CONSUMERS, CTAS>;
     constexpr bool PREFILL = QR > 1;
     static_assert(PREFILL ? RPB == CONSUMERS * QR : RPB == 1, "tiles per block");
     const ScoreParams& p = hp.s;
@@ -810,10 +819,10 @@ struct HpExactSmem {
     static_assert(BAR % 8 == 0, "mbarriers");
 };
 
-template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS>
+template <int HP, int RPB, int QR, int UNIT, int STAGES, int CONSUMERS, int CTAS = 1>
 __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
     using L = HpExactSmem<HP, RPB, QR, STAGES, CONSUMERS>;
-    using Roles = HpRoles<CONSUMERS>;
+    using Roles = HpRoles<CONSUMERS, CTAS>;
     constexpr bool PREFILL = L::PREFILL;
     constexpr int UN = L::UN, PARTS = L::PARTS;
     constexpr int JP = UN / 8;               // n8 groups of a part
@@ -994,22 +1003,29 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
 }
 
 // The decode and prefill entries of one flavor (fp8: hp_score, f16:
-// hp_score_exact) at HEADS padded heads.
-#define HOPPER_FLAVOR(NAME, SCORE, HEADS)                                                    \
-    B12X_KERNEL void __launch_bounds__(HP_DECODE_THREADS, 1)                                 \
+// hp_score_exact) at HEADS padded heads, decode CTAs of THREADS threads with
+// CONSUMERS consumer warpgroups, STAGES stages and CTAS an SM.
+#define HOPPER_FLAVOR(NAME, SCORE, HEADS, THREADS, STAGES, CONSUMERS, CTAS)                  \
+    B12X_KERNEL void __launch_bounds__(THREADS, CTAS)                                        \
         b12x_indexer_tma_##NAME##_decode_h##HEADS(const __grid_constant__ HopperParams hp) { \
         idx_zero_select_state(hp.s);                                                         \
-        SCORE<HEADS, 1, 1, 1, HP_DECODE_STAGES, HP_DECODE_CONSUMERS>(hp);                    \
+        SCORE<HEADS, 1, 1, 1, STAGES, CONSUMERS, CTAS>(hp);                                  \
     }                                                                                        \
     B12X_KERNEL void __launch_bounds__(HP_PREFILL_THREADS, 1)                                \
         b12x_indexer_tma_##NAME##_prefill_h##HEADS(const __grid_constant__ HopperParams hp) {\
         SCORE<HEADS, HP_PREFILL_ROWS, HP_PREFILL_ROWS / HP_PREFILL_CONSUMERS, HP_PREFILL_UNIT, \
-              HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS>(hp);                                  \
+              HP_PREFILL_STAGES, HP_PREFILL_CONSUMERS, 1>(hp);                               \
     }
 
-#define HOPPER_KERNELS(HEADS)             \
-    HOPPER_FLAVOR(fp8, hp_score, HEADS) \
-    HOPPER_FLAVOR(f16, hp_score_exact, HEADS)
+// The fast decode scorer (memory-bound) runs two CTAs an SM, each with two
+// consumer warpgroups and 8 stages: round 29's bare gather ran 2.5 us faster
+// with two issuing CTAs an SM than with one. The exact one keeps one CTA of
+// four consumer warpgroups (its consumers need the registers).
+#define HOPPER_KERNELS(HEADS)                                                                 \
+    HOPPER_FLAVOR(fp8, hp_score, HEADS, HP_FAST_DECODE_THREADS, HP_FAST_DECODE_STAGES,        \
+                  HP_FAST_DECODE_CONSUMERS, HP_FAST_DECODE_CTAS)                              \
+    HOPPER_FLAVOR(f16, hp_score_exact, HEADS, HP_DECODE_THREADS, HP_DECODE_STAGES,            \
+                  HP_DECODE_CONSUMERS, 1)
 
 // Clears the grid selection's row state in a call that scores nothing (a
 // top-k-only call; otherwise the scorer clears it). The selection is this

@@ -268,6 +268,9 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
                 let f = unsafe { result::module::get_function(handle, name) }
                     .ctx("cuModuleGetFunction", at)?;
                 allow_opt_in_shared(f, opt_in_shared).ctx("cuFuncSetAttribute", at)?;
+                if kernel.prefers_max_shared() {
+                    prefer_max_shared(f).ctx("cuFuncSetAttribute", at)?;
+                }
                 functions[kernel as usize] = f;
             }
         }
@@ -316,6 +319,18 @@ fn allow_opt_in_shared(
     // SAFETY: f is a valid function handle; the value is within the device limit.
     unsafe { sys::cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic) }
         .result()
+}
+
+/// Asks for the SM's largest shared-memory carveout for `f` (a hint the
+/// driver follows where it can), so that its CTAs share an SM as planned.
+fn prefer_max_shared(f: sys::CUfunction) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use sys::CUfunction_attribute::*;
+    const MAX_SHARED: c_int = 100; // CU_SHAREDMEM_CARVEOUT_MAX_SHARED, percent
+                                   // SAFETY: f is a valid function handle; the value is a valid percentage.
+    unsafe {
+        sys::cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, MAX_SHARED)
+    }
+    .result()
 }
 
 fn load_module(ptx_module: &PtxModule, info: &DeviceInfo) -> Result<sys::CUmodule> {

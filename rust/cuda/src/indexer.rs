@@ -55,6 +55,11 @@ const HOPPER_DECODE_THREADS: u32 = 640;
 const HOPPER_PREFILL_THREADS: u32 = 384;
 const HOPPER_DECODE_STAGES: u32 = 16;
 const HOPPER_PREFILL_STAGES: u32 = 8;
+/// The fast (FP8) decode scorer runs two CTAs an SM, each a producer
+/// warpgroup, two consumer warpgroups and a ring of 8 stages.
+const HOPPER_FAST_DECODE_THREADS: u32 = 384;
+const HOPPER_FAST_DECODE_STAGES: u32 = 8;
+const HOPPER_FAST_DECODE_CTAS_PER_SM: u32 = 2;
 /// Query rows of one part of a prefill page's MMAs (HP_PREFILL_PART_ROWS), and
 /// the e4m3 levels of each row's linear part (HP_LIN_LEVELS): B rows the
 /// consumers write after the part's Q.
@@ -533,8 +538,9 @@ enum ScorerGrid {
     WgmmaPrefill { shared_bytes: u32 },
     /// One CTA per (512 tokens, 64 rows) (indexer_prefill.cu).
     PrefillTiles,
-    /// Persistent CTAs, one per SM, fed by TMA (indexer_hopper.cu).
-    Tma { shared_bytes: u32, heads_padded: u32, block_rows: u32 },
+    /// Persistent CTAs, `ctas_per_sm` an SM of `threads` threads, fed by TMA
+    /// (indexer_hopper.cu).
+    Tma { shared_bytes: u32, heads_padded: u32, block_rows: u32, threads: u32, ctas_per_sm: u32 },
 }
 
 /// What a plan launches, resolved when the plan is made: the scorer and its
@@ -565,12 +571,13 @@ pub struct LaunchRecipe {
     stages: Stages,
 }
 
-/// Threads of a TMA-fed scorer CTA: decode (one row a block) or prefill.
-pub fn hopper_threads(block_rows: u32) -> u32 {
-    if block_rows == 1 {
-        HOPPER_DECODE_THREADS
-    } else {
-        HOPPER_PREFILL_THREADS
+/// Threads of a TMA-fed scorer CTA and its CTAs an SM: decode (one row a
+/// block; the fast flavor two smaller CTAs an SM) or prefill.
+pub fn hopper_shape(block_rows: u32, fast: bool) -> (u32, u32) {
+    match (block_rows, fast) {
+        (1, true) => (HOPPER_FAST_DECODE_THREADS, HOPPER_FAST_DECODE_CTAS_PER_SM),
+        (1, false) => (HOPPER_DECODE_THREADS, 1),
+        _ => (HOPPER_PREFILL_THREADS, 1),
     }
 }
 
@@ -607,7 +614,7 @@ pub fn hopper_exact_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
 /// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
 /// kernels/indexer_hopper.cu; the kernel traps if given less).
 pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
-    let stages = if block_rows == 1 { HOPPER_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
+    let stages = if block_rows == 1 { HOPPER_FAST_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
     let (part_rows, lin) = hopper_part(block_rows);
     let q_stage = block_rows / part_rows * (part_rows * heads_padded + lin) * HEAD_DIM;
     let lin_scales = if lin == 0 { 0 } else { 2 * block_rows * HOPPER_LIN_LEVELS * 4 };
@@ -645,7 +652,8 @@ impl LaunchRecipe {
                 } else {
                     hopper_shared_bytes(heads_padded, block_rows)
                 };
-                ScorerGrid::Tma { shared_bytes, heads_padded, block_rows }
+                let (threads, ctas_per_sm) = hopper_shape(block_rows, flavor == MmaFlavor::TmaFp8);
+                ScorerGrid::Tma { shared_bytes, heads_padded, block_rows, threads, ctas_per_sm }
             }
             (Route::PagedDecode, MmaFlavor::Wgmma | MmaFlavor::WgmmaFp8) => {
                 let shared_bytes = wgmma_shared_bytes(heads_padded, 1, fp8);
@@ -731,13 +739,13 @@ impl LaunchRecipe {
                     },
                 )
             }
-            ScorerGrid::Tma { shared_bytes, block_rows, .. } => {
-                let grid = (sms, 1, 1);
+            ScorerGrid::Tma { shared_bytes, threads, ctas_per_sm, .. } => {
+                let grid = (sms * ctas_per_sm, 1, 1);
                 (
                     0,
                     LaunchConfig {
                         grid,
-                        block: (hopper_threads(block_rows), 1, 1),
+                        block: (threads, 1, 1),
                         shared_bytes,
                         cluster: 1,
                         dependent: false,
@@ -1118,6 +1126,9 @@ mod tests {
             ("HP_DECODE_THREADS", HOPPER_DECODE_THREADS as u64),
             ("HP_PREFILL_THREADS", HOPPER_PREFILL_THREADS as u64),
             ("HP_DECODE_STAGES", HOPPER_DECODE_STAGES as u64),
+            ("HP_FAST_DECODE_THREADS", HOPPER_FAST_DECODE_THREADS as u64),
+            ("HP_FAST_DECODE_STAGES", HOPPER_FAST_DECODE_STAGES as u64),
+            ("HP_FAST_DECODE_CTAS", HOPPER_FAST_DECODE_CTAS_PER_SM as u64),
             ("HP_PREFILL_STAGES", HOPPER_PREFILL_STAGES as u64),
             ("HP_PREFILL_ROWS", TMA_PREFILL_BLOCK_ROWS as u64),
             ("HP_PREFILL_PART_ROWS", HOPPER_PREFILL_PART_ROWS as u64),
@@ -1202,20 +1213,24 @@ mod tests {
     #[test]
     fn hopper_shapes_fit_the_h200() {
         const H200: u32 = 232448;
-        // decode: 16 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids, barriers,
-        // the scan
+        // fast decode: 8 x 8 KiB ring + 2 Q stages of 8 KiB + scales, ids,
+        // barriers, the scan; two CTAs (each with the runtime's 1 KiB) share an SM
         assert_eq!(
             hopper_shared_bytes(64, 1),
-            16 * 8192 + 2 * 8192 + 16 * 260 + 36 * 8 + 4097 * 4 + 128 + 1024
+            8 * 8192 + 2 * 8192 + 8 * 260 + 20 * 8 + 4097 * 4 + 128 + 1024
         );
+        assert!(HOPPER_FAST_DECODE_CTAS_PER_SM * (hopper_shared_bytes(64, 1) + 1024) <= 233472);
         // prefill: 4 parts of 2 rows x 64 heads of Q and 2 x 4 linear-part
         // rows per stage, the levels' scales
         assert_eq!(
             hopper_shared_bytes(64, 8),
             8 * 8192 + 2 * 4 * 136 * 128 + 8 * 260 + 2 * 8 * 4 * 4 + 20 * 8 + 4097 * 4 + 128 + 1024
         );
-        // a producer warpgroup and four (decode) or two (prefill) consumers
-        assert_eq!((hopper_threads(1), hopper_threads(TMA_PREFILL_BLOCK_ROWS)), (640, 384));
+        // a producer warpgroup and four (exact decode) or two (fast decode, two
+        // CTAs an SM; prefill) consumers
+        assert_eq!(hopper_shape(1, false), (640, 1));
+        assert_eq!(hopper_shape(1, true), (384, 2));
+        assert_eq!(hopper_shape(TMA_PREFILL_BLOCK_ROWS, true), (384, 1));
         for heads in [16, 32, 48, 64] {
             for rows in [1, TMA_PREFILL_BLOCK_ROWS] {
                 assert!(hopper_shared_bytes(heads, rows) <= H200, "{heads} x {rows}");

@@ -61,6 +61,20 @@ impl Kernel {
     pub fn module(self) -> &'static PtxModule {
         MODULES.iter().find(|m| m.kernels.contains(&self)).expect("every kernel has a module")
     }
+
+    /// Kernels that run several CTAs an SM only where the SM gives shared
+    /// memory its largest share (the fast TMA decode scorers: two CTAs of
+    /// about 100 KiB each).
+    pub fn prefers_max_shared(self) -> bool {
+        use Kernel::*;
+        matches!(
+            self,
+            IndexerTmaFp8DecodeH16
+                | IndexerTmaFp8DecodeH32
+                | IndexerTmaFp8DecodeH48
+                | IndexerTmaFp8DecodeH64
+        )
+    }
 }
 
 macro_rules! modules {
