@@ -20,8 +20,8 @@
 //   * FP8 wgmma m64nNk32 (precision="fast": Hopper's FP8 accumulation keeps
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
 //   * decode (memory-bound) deals its consumer warpgroups the pages in turn
-//     (exact: four; fast: two, in two CTAs an SM). Prefill (MMA-bound) has two, each taking 4 of the
-//     block's 8 query rows on every page, its MMAs in two parts of 2 rows
+//     (exact: four; fast: two, in two CTAs an SM). Prefill (MMA-bound) has
+//     two, each taking 4 of the block's 8 query rows on every page, its MMAs in two parts of 2 rows
 //     (N = 2 x heads + 8, a commit group each) that roll through runs of
 //     HP_PREFILL_RUN pages: each part's epilogue runs while the next part's
 //     MMAs do. What bounded prefill was the warps' epilogue, two FP32
@@ -74,15 +74,18 @@
 static_assert(HP_DECODE_STAGES % HP_DECODE_CONSUMERS == 0, "a decode stage, one warpgroup");
 // A CTA's roles: its threads, and the registers per thread after the
 // warpgroups' reallocation (setmaxnreg). The pool is what the CTA got at
-// launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K);
-// asking for more than the producer gives back blocks the consumers for ever
-// (seen on an H200 with 40 / 112 for 640 threads).
+// launch, THREADS x ENTRY_REGS (the most a multiple of 8 allows under 64 K
+// shared by CTAS CTAs); asking for more than the producer gives back blocks
+// the consumers for ever (seen on an H200 with 40 / 112 for 640 threads).
+// The consumers share what the producer gives back (decode 112, fast decode
+// at two CTAs an SM 104, prefill 232).
 template <int CONSUMERS, int CTAS = 1>
 struct HpRoles {
     static constexpr u32 THREADS = 128 * (1 + CONSUMERS);
     static constexpr u32 ENTRY_REGS = 65536 / CTAS / THREADS / 8 * 8;
-    static constexpr u32 PRODUCER_REGS = CTAS == 2 ? 32 : (CONSUMERS == 4 ? 32 : 40);
-    static constexpr u32 CONSUMER_REGS = CTAS == 2 ? 104 : (CONSUMERS == 4 ? 112 : 232);
+    static constexpr u32 PRODUCER_REGS = CONSUMERS == 2 && CTAS == 1 ? 40 : 32;
+    static constexpr u32 CONSUMER_REGS =
+        ((1 + CONSUMERS) * ENTRY_REGS - PRODUCER_REGS) / CONSUMERS / 8 * 8;
     static_assert(CONSUMERS == 2 || CONSUMERS == 4, "the shapes");
     static_assert(CTAS == 1 || CONSUMERS == 2, "two CTAs an SM: two consumer warpgroups each");
     static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= (1 + CONSUMERS) * ENTRY_REGS,

@@ -325,12 +325,13 @@ fn allow_opt_in_shared(
 /// driver follows where it can), so that its CTAs share an SM as planned.
 fn prefer_max_shared(f: sys::CUfunction) -> std::result::Result<(), cudarc::driver::DriverError> {
     use sys::CUfunction_attribute::*;
-    const MAX_SHARED: c_int = 100; // CU_SHAREDMEM_CARVEOUT_MAX_SHARED, percent
-                                   // SAFETY: f is a valid function handle; the value is a valid percentage.
-    unsafe {
+    // CU_SHAREDMEM_CARVEOUT_MAX_SHARED, in percent of the SM's shared memory
+    const MAX_SHARED: c_int = 100;
+    // SAFETY: f is a valid function handle; the value is a valid percentage.
+    let set = unsafe {
         sys::cuFuncSetAttribute(f, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, MAX_SHARED)
-    }
-    .result()
+    };
+    set.result()
 }
 
 fn load_module(ptx_module: &PtxModule, info: &DeviceInfo) -> Result<sys::CUmodule> {

@@ -611,7 +611,8 @@ pub fn hopper_exact_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     k + q + scales_and_ids + weights + barriers + scan + 1024
 }
 
-/// Dynamic shared memory of the TMA-fed scorers (mirrors `HpSmem` in
+/// Dynamic shared memory of the FP8 (fast) TMA-fed scorers, decode (two CTAs
+/// an SM, `HOPPER_FAST_DECODE_STAGES`) or prefill (mirrors `HpSmem` in
 /// kernels/indexer_hopper.cu; the kernel traps if given less).
 pub fn hopper_shared_bytes(heads_padded: u32, block_rows: u32) -> u32 {
     let stages = if block_rows == 1 { HOPPER_FAST_DECODE_STAGES } else { HOPPER_PREFILL_STAGES };
