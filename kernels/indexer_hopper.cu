@@ -21,10 +21,10 @@
 //     less than fp32, see indexer_wgmma.cu), four k-steps per page;
 //   * decode (memory-bound) deals its consumer warpgroups the pages in turn
 //     (exact: four; fast: two, in two CTAs an SM). Prefill (MMA-bound) has
-//     two, each taking 4 of the block's 8 query rows on every page, its MMAs in two parts of 2 rows
-//     (N = 2 x heads + 8, a commit group each) that roll through runs of
-//     HP_PREFILL_RUN pages: each part's epilogue runs while the next part's
-//     MMAs do. What bounded prefill was the warps' epilogue, two FP32
+//     two, each taking 4 of the block's 8 query rows on every page, its MMAs
+//     in two parts of 2 rows (N = 2 x heads + 8, a commit group each) that
+//     roll through runs of HP_PREFILL_RUN pages: each part's epilogue runs
+//     while the next part's MMAs do. What bounded prefill was the warps' epilogue, two FP32
 //     instructions an accumulator (relu, then times the weight: 1.66-1.76 ms
 //     on one H200, round 18's notes). Prefill now takes relu as (x + |x|) /
 //     2: one FFMA an accumulator, and each row's linear half from 8 more B
@@ -92,9 +92,11 @@ struct HpRoles {
                   "the consumers' registers come from the producer's");
 };
 static_assert(HpRoles<HP_DECODE_CONSUMERS>::THREADS == HP_DECODE_THREADS, "decode CTA");
-static_assert(HpRoles<HP_FAST_DECODE_CONSUMERS, HP_FAST_DECODE_CTAS>::THREADS == HP_FAST_DECODE_THREADS,
+static_assert(HpRoles<HP_FAST_DECODE_CONSUMERS, HP_FAST_DECODE_CTAS>::THREADS ==
+                  HP_FAST_DECODE_THREADS,
               "fast decode CTA");
-static_assert(HP_FAST_DECODE_STAGES % HP_FAST_DECODE_CONSUMERS == 0, "a fast decode stage, one warpgroup");
+static_assert(HP_FAST_DECODE_STAGES % HP_FAST_DECODE_CONSUMERS == 0,
+              "a fast decode stage, one warpgroup");
 static_assert(HpRoles<HP_PREFILL_CONSUMERS>::THREADS == HP_PREFILL_THREADS, "prefill CTA");
 
 // A CUtensorMap (the driver encodes it on the host; opaque here).
@@ -1023,7 +1025,10 @@ __device__ __forceinline__ void hp_score_exact(const HopperParams& hp) {
 // The fast decode scorer (memory-bound) runs two CTAs an SM, each with two
 // consumer warpgroups and 8 stages: round 29's bare gather ran 2.5 us faster
 // with two issuing CTAs an SM than with one. The exact one keeps one CTA of
-// four consumer warpgroups (its consumers need the registers).
+// four consumer warpgroups: its consumers fit the two-CTA shape's 104
+// registers, but they are bound by their own work per page, not by the
+// gather, and that shape measured +1.6 us on decode_r1 for -0.5 on decode_r64
+// (round 34, H100).
 #define HOPPER_KERNELS(HEADS)                                                                 \
     HOPPER_FLAVOR(fp8, hp_score, HEADS, HP_FAST_DECODE_THREADS, HP_FAST_DECODE_STAGES,        \
                   HP_FAST_DECODE_CONSUMERS, HP_FAST_DECODE_CTAS)                              \

@@ -49,8 +49,8 @@ const WGMMA_PREFILL_ROWS: u32 = 4;
 /// Resident wgmma prefill CTAs per SM (register-bound at 64 heads).
 const WGMMA_PREFILL_CTAS_PER_SM: u32 = 2;
 /// The TMA-fed scorers (kernels/indexer_hopper.cu): a producer warpgroup and
-/// four (decode) or two (prefill) consumer warpgroups per CTA, K rings of
-/// these depths.
+/// four (exact decode) or two (prefill) consumer warpgroups per CTA, K rings
+/// of these depths.
 const HOPPER_DECODE_THREADS: u32 = 640;
 const HOPPER_PREFILL_THREADS: u32 = 384;
 const HOPPER_DECODE_STAGES: u32 = 16;
