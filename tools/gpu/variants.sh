@@ -14,7 +14,8 @@
 # only (e.g. asc=WHEEL with BENCH_ARGS_asc="--page-order ascending": one wheel
 # under two settings).
 # Logs and JSON go to $RESULTS (default gpu-results/), packed into
-# $RESULTS/variants.tar.xz; the last lines are each arm's medians, a run a column, then each
+# $RESULTS/variants.tar.xz, which is also copied to $OUT where $OUT is set and
+# RESULTS lies outside it; the last lines are each arm's medians, a run a column, then each
 # wheel's median over its rounds beside the first wheel's (tools/gpu/variants_summary.py).
 source "$(dirname "$0")/common.sh" ""
 CASES=${CASES:-prefill_r4096_L32768}
@@ -48,5 +49,8 @@ for r in $(seq 1 "$ROUNDS"); do
       --cases $CASES ${BENCH_ARGS:-} ${!own:-} --json "$RESULTS/${NAMES[$i]}-$r.json"
   done
 done
-tar -C "$RESULTS" -cJf "$RESULTS/variants.tar.xz" --exclude variants.tar.xz .
+# packed beside RESULTS, then moved in: tar must not read the file it writes
+tar -C "$RESULTS" -cJf "$RESULTS.tar.xz" --exclude variants.tar.xz . && mv "$RESULTS.tar.xz" "$RESULTS/variants.tar.xz"
+# the device tool returns at most 8 files from $OUT: with RESULTS outside it, the tarball is the one
+if [ -n "${OUT:-}" ] && [[ "$RESULTS" != "$OUT"* ]]; then cp "$RESULTS/variants.tar.xz" "$OUT/"; fi
 python3 "$(dirname "$0")/variants_summary.py" "$RESULTS" "${NAMES[@]}"
