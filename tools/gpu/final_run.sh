@@ -4,11 +4,10 @@
 # A call carries at most 64 MiB, so vLLM's op library (.device/vllm-ops, from
 # vllm_ops_lib.py pack) travels in three parts, one a call, while the machine
 # stays warm:
-#   bench  carry .device/deepgemm, .device/vllm, the wheel's folder,
-#          .device/vllm-ops/vllm_ops.json and part-00.xz: `b12x bench indexer`
-#          with DeepGEMM live (vLLM's top-k from the stored figures), then the
-#          indexer GPU tests
-#   cli    carry part-01.xz: the CLI GPU tests
+#   bench  carry .device/deepgemm, .device/vllm, the wheel's folder and
+#          .device/vllm-ops/vllm_ops.json: `b12x bench indexer` with DeepGEMM
+#          live (vLLM's top-k from the stored figures), then the indexer GPU tests
+#   cli    carry part-00.xz and part-01.xz: the CLI GPU tests
 #   stock  carry part-02.xz: the bench with vLLM's own top-k live too (the
 #          run bench-results/<gpu>/indexer.json keeps), then tools/gpu/vllm_real.sh
 # CARD (default H200): a step on a GPU whose name lacks it measures nothing and
