@@ -14,8 +14,8 @@
 # only (e.g. asc=WHEEL with BENCH_ARGS_asc="--page-order ascending": one wheel
 # under two settings).
 # Logs and JSON go to $RESULTS (default gpu-results/), packed into
-# $RESULTS/variants.tar.xz, which is also copied to $OUT where $OUT is set and
-# RESULTS lies outside it; the last lines are each arm's medians, a run a column, then each
+# $RESULTS/variants.tar.xz, also copied to $OUT where $OUT is set (call it with
+# RESULTS outside $OUT: every file there counts against the tool's 8); the last lines are each arm's medians, a run a column, then each
 # wheel's median over its rounds beside the first wheel's (tools/gpu/variants_summary.py).
 source "$(dirname "$0")/common.sh" ""
 CASES=${CASES:-prefill_r4096_L32768}
@@ -49,8 +49,11 @@ for r in $(seq 1 "$ROUNDS"); do
       --cases $CASES ${BENCH_ARGS:-} ${!own:-} --json "$RESULTS/${NAMES[$i]}-$r.json"
   done
 done
-# packed beside RESULTS, then moved in: tar must not read the file it writes
-tar -C "$RESULTS" -cJf "$RESULTS.tar.xz" --exclude variants.tar.xz . && mv "$RESULTS.tar.xz" "$RESULTS/variants.tar.xz"
-# the device tool returns at most 8 files from $OUT: with RESULTS outside it, the tarball is the one
-if [ -n "${OUT:-}" ] && [[ "$RESULTS" != "$OUT"* ]]; then cp "$RESULTS/variants.tar.xz" "$OUT/"; fi
+# packed outside RESULTS (tar must not read the file it writes), then copied in;
+# the device tool returns at most 8 files from $OUT, so the tarball goes there too
+PACK=$(mktemp --suffix=.tar.xz)
+tar -C "$RESULTS" -cJf "$PACK" --exclude variants.tar.xz .
+cp "$PACK" "$RESULTS/variants.tar.xz"
+if [ -n "${OUT:-}" ] && ! [ "$OUT" -ef "$RESULTS" ]; then cp "$PACK" "$OUT/variants.tar.xz"; fi
+rm -f "$PACK"
 python3 "$(dirname "$0")/variants_summary.py" "$RESULTS" "${NAMES[@]}"
