@@ -364,7 +364,11 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     auto slots = [&](u32 c) { return dsmem_add(counter, c); };
     auto emit = [&](u32 m) { t.emit(p, m, slots); };
 
-    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
+    // This CTA's zeroing before its own counts: the first access to another
+    // CTA's shared memory (and to rank 0's counters) comes after the level's
+    // cluster barrier below, so none is needed here (its GPU-scope fence
+    // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
+    __syncthreads();
     u32 prefix = 0, pmask = 0, need = K, total = 0, ties = 0;
     bool gather = false;
     // Levels: digits of bits 31..21, 20..10, 9..0 (the last two only when
