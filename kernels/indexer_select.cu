@@ -99,11 +99,6 @@ __device__ __forceinline__ u32 dsmem_load(u32 addr) {
 __device__ __forceinline__ void dsmem_store_u64(u32 addr, u64 v) {
     asm volatile("st.shared::cluster.u64 [%0], %1;" ::"r"(addr), "l"(v) : "memory");
 }
-__device__ __forceinline__ u64 dsmem_add_u64(u32 addr, u64 v) {
-    u64 old;
-    asm volatile("atom.shared::cluster.add.u64 %0, [%1], %2;" : "=l"(old) : "r"(addr), "l"(v) : "memory");
-    return old;
-}
 __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
     u32 old;
     asm volatile("atom.shared::cluster.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v)
@@ -347,6 +342,10 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 sums[SEL_WARPS];
     // rank 0's are the cluster's: output slots taken (low word), candidates gathered
     __shared__ unsigned long long counters;
+    // rank 0's: the gather's claims, (candidates << 16 | keys above), one
+    // 32-bit word (a 64-bit add on a CTA's own shared memory is a
+    // compare-and-swap loop; 32 warps contended for it)
+    __shared__ u32 gathered;
     __shared__ u32 found[3];      // the level's digit, the count above it, its own count
 
     const u32 tid = threadIdx.x;
@@ -358,7 +357,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
-    if (tid == 0) counters = 0u;
+    if (tid == 0) counters = 0u, gathered = 0u;
     const u32 counter = dsmem(&counters, 0);
     // Output slots from the counter in rank 0's shared memory.
     auto slots = [&](u32 c) { return dsmem_add(counter, c); };
@@ -413,11 +412,19 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         // picks `need` of them after one more cluster barrier (instead of two
         // more levels). No CTA reads another's shared memory after it.
         const u32 pool0 = dsmem(pool, 0);
-        t.emit_and_gather(p, prefix, [&](u64 c) { return dsmem_add_u64(counter, c); },
+        // Keys above bin d: at most K; candidates: at most SC_CAND_CAP.
+        static_assert(SC_CAND_CAP < 65536, "the gather's counts share a word");
+        const u32 gather_counter = dsmem(&gathered, 0);
+        t.emit_and_gather(p, prefix,
+                          [&](u64 c) {
+                              const u32 old = dsmem_add(gather_counter, (u32)(c >> 32) << 16 | (u32)c);
+                              return (u64)(old >> 16) << 32 | (old & 0xffffu);
+                          },
                           [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
         cluster_sync();
         if (rank != 0) return;
-        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word
+        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word, unused so far
+        if (tid == 0) *slot_counter = K - need;  // the keys above bin d took slots 0..K-need-1
         t.emit_picked(p, pool, ties, need, prefix, pmask, total_hist, sums, found,
                       [&](u32 c) { return atomicAdd(slot_counter, c); });
         return;
