@@ -1,20 +1,17 @@
-"""Adds globaltimer stamps to select_cluster (kernels/indexer_select.cu) for a
-diagnostic wheel: `python3 trace_select.py kernels/indexer_select.cu`, then
-`./dev ptx && ./dev wheel`. Never for main. Thread 0 of each CTA prints
-`SCTRACE lead|peer row R ... phase ns ...` (trace_summary.py reads them)."""
+"""Globaltimer stamps in select_cluster (kernels/indexer_select.cu) for a
+diagnostic wheel, never for main:
+
+    python3 trace_select.py FORM kernels/indexer_select.cu && ./dev ptx && ./dev wheel
+
+FORM is the source it patches: `sz2` (branch sel-early: the zeroing barrier
+before pdl_wait; traced as `tz/`), `sy` (branch sel-nobar-gather: no first
+cluster barrier, the gather split; `tsy/`, where the field named `zero` is
+the wait for the scorer and `wait` the loads and zeroing) or `main` (main @
+f728fc2; `tm/`). Thread 0 of each CTA prints `SCTRACE lead|peer row R ...
+phase ns ...` (tools/gpu/trace_summary.py reads them)."""
 import sys
 
-p = sys.argv[1]
-s = open(p).read()
-
-
-def sub(old, new):
-    global s
-    assert old in s, old
-    s = s.replace(old, new, 1)
-
-
-sub('#include "indexer_common.cuh"\n', '''#include "indexer_common.cuh"
+STAMPS = ('#include "indexer_common.cuh"\n', '''#include "indexer_common.cuh"
 extern "C" __device__ int vprintf(const char*, const char*);
 __device__ __forceinline__ unsigned long long sc_now() {
     unsigned long long t;
@@ -23,28 +20,21 @@ __device__ __forceinline__ unsigned long long sc_now() {
 }
 #define SC_STAMP(i) do { __syncthreads(); T[i] = sc_now(); } while (0)
 ''')
-sub('''    const u32 K = p.topk;
-    // Behind this call's scorer''', '''    const u32 K = p.topk;
-    unsigned long long T[10] = {};
-    T[0] = sc_now();
-    // Behind this call's scorer''')
-sub('''    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
-    pdl_wait();  // the scorer's logits are complete past here
-''', '''    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
-    T[1] = sc_now();
-    pdl_wait();  // the scorer's logits are complete past here
-    T[2] = sc_now();
-''')
-sub('''            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
+# The first level's stamps, the same in every form.
+LEVEL = [
+    ('''            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
         cluster_sync();''', '''            if (key[i] != 0u && (key[i] & pmask) == prefix) atomicAdd(&h[(key[i] >> shift) & (bins - 1)], 1u);
         if (level == 0) SC_STAMP(3);
         cluster_sync();
-        if (level == 0) T[4] = sc_now();''')
-sub('''        if (level == 0 && total <= K) break;  // uniform: every candidate is selected
+        if (level == 0) T[4] = sc_now();'''),
+    ('''        if (level == 0 && total <= K) break;  // uniform: every candidate is selected
         take_digit''', '''        if (level == 0) T[5] = sc_now();
         if (level == 0 && total <= K) break;  // uniform: every candidate is selected
-        take_digit''')
-sub('''        cluster_sync();
+        take_digit'''),
+]
+# The gather path of sz2 and sy (the gather split from the above keys' stores).
+SPLIT_GATHER = [
+    ('''        cluster_sync();
         t.emit_above(p, above);
         if (rank != 0) return;
         u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word
@@ -69,5 +59,91 @@ sub('''        cluster_sync();
             vprintf(rank == 0 ? "SCTRACE lead row %u total %u ties %u need %u t0 %llu zero %llu wait %llu hist %llu xchg %llu digit %llu gather %llu sync %llu above %llu pick %llu\\n"
                               : "SCTRACE peer row %u total %u ties %u need %u t0 %llu zero %llu wait %llu hist %llu xchg %llu digit %llu gather %llu sync %llu above %llu pick %llu\\n", (const char*)&a);
         }
-        return;''')
-open(p, "w").write(s)
+        return;'''),
+]
+SZ2 = [
+    ('''    const u32 K = p.topk;
+    // Behind this call's scorer''', '''    const u32 K = p.topk;
+    unsigned long long T[10] = {};
+    T[0] = sc_now();
+    // Behind this call's scorer'''),
+    ('''    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
+    pdl_wait();  // the scorer's logits are complete past here
+''', '''    cluster_sync();  // zeroed histograms and counters before any CTA counts or adds
+    T[1] = sc_now();
+    pdl_wait();  // the scorer's logits are complete past here
+    T[2] = sc_now();
+'''),
+] + LEVEL + SPLIT_GATHER
+# sy and main: past pdl_wait, then the zeroing and its CTA barrier.
+NO_FIRST_BARRIER = [
+    ('''    const u32 K = p.topk;
+    pdl_wait();''', '''    const u32 K = p.topk;
+    unsigned long long T[10] = {};
+    T[0] = sc_now();
+    pdl_wait();
+    T[1] = sc_now();'''),
+    ('''    // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
+    __syncthreads();
+''', '''    // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
+    __syncthreads();
+    T[2] = sc_now();
+'''),
+]
+SY = NO_FIRST_BARRIER + LEVEL + SPLIT_GATHER
+MAIN = [
+    ('''    const u32 K = p.topk;
+    pdl_wait();''', '''    const u32 K = p.topk;
+    unsigned long long T[11] = {};
+    T[0] = sc_now();
+    pdl_wait();
+    T[1] = sc_now();'''),
+    ('''    // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
+    __syncthreads();
+''', '''    // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
+    __syncthreads();
+    T[2] = sc_now();
+'''),
+] + LEVEL + [
+    ('''                          [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
+        cluster_sync();
+        if (rank != 0) return;
+        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word, unused so far
+        if (tid == 0) *slot_counter = K - need;  // the keys above bin d took slots 0..K-need-1
+        t.emit_picked(p, pool, ties, need, prefix, pmask, total_hist, sums, found,
+                      [&](u32 c) { return atomicAdd(slot_counter, c); });
+        return;''', '''                          [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
+        T[6] = sc_now();
+        SC_STAMP(7);
+        cluster_sync();
+        T[8] = sc_now();
+        const u32 need0 = need;
+        if (rank == 0) {
+        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word, unused so far
+        if (tid == 0) *slot_counter = K - need;  // the keys above bin d took slots 0..K-need-1
+        t.emit_picked(p, pool, ties, need, prefix, pmask, total_hist, sums, found,
+                      [&](u32 c) { return atomicAdd(slot_counter, c); });
+        SC_STAMP(9);
+        }
+        if (tid == 0) {
+            struct { unsigned r, tot, ti, nd; unsigned long long t0, w, l, h, x, d, g0, g, s, pk; } a =
+                {row, total, ties, need0, T[0], T[1]-T[0], T[2]-T[1], T[3]-T[2], T[4]-T[3], T[5]-T[4],
+                 T[6]-T[5], T[7]-T[5], T[8]-T[7], rank == 0 ? T[9]-T[8] : 0ull};
+            vprintf(rank == 0 ? "SCTRACE lead row %u total %u ties %u need %u t0 %llu wait %llu load %llu hist %llu xchg %llu digit %llu gather0 %llu gather %llu sync %llu pick %llu\\n"
+                              : "SCTRACE peer row %u total %u ties %u need %u t0 %llu wait %llu load %llu hist %llu xchg %llu digit %llu gather0 %llu gather %llu sync %llu pick %llu\\n", (const char*)&a);
+        }
+        return;'''),
+]
+
+
+def main() -> None:
+    form, path = sys.argv[1], sys.argv[2]
+    s = open(path).read()
+    for old, new in [STAMPS, *{"sz2": SZ2, "sy": SY, "main": MAIN}[form]]:
+        assert old in s, old
+        s = s.replace(old, new, 1)
+    open(path, "w").write(s)
+
+
+if __name__ == "__main__":
+    main()
