@@ -340,7 +340,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
     __shared__ u32 total_hist[SEL_BINS];
     __shared__ u32 sums[SEL_WARPS];
-    // rank 0's are the cluster's: output slots taken (low word), candidates gathered
+    // rank 0's are the cluster's: output slots taken (the low word; the high one is unused)
     __shared__ unsigned long long counters;
     // rank 0's: the gather's claims, (candidates << 16 | keys above), one
     // 32-bit word (a 64-bit add on a CTA's own shared memory is a

@@ -3,8 +3,8 @@
     python3 tools/gpu/trace_summary.py trace.txt
 
 Lines `KEY name value name value ...` (integers) from the kernels of a
-diagnostic branch (`HPTRACE` from `scorer-trace`, `SGTRACE` from
-`select-trace`) are grouped by the `== call N` line before them and by KEY
+diagnostic build (`HPTRACE` from `scorer-trace`, `SGTRACE` from
+`select-trace`, `SCTRACE` from round 37's `trace_select.py`) are grouped by the `== call N` line before them and by KEY
 plus any non-numeric word after it (a flavor); each field's median, minimum
 and maximum over the lines of a group are printed.
 """
