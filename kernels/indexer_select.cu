@@ -109,26 +109,41 @@ __device__ __forceinline__ u32 dsmem_add(u32 addr, u32 v) {
 // The digit whose bin holds the need-th count from the top (bins descending
 // over threads, one or two a thread): found = {digit, count above it, its
 // count}. `counts(b)` reads bin b; need_of(total) gives `need` from the
-// counts' total (1 <= need <= total, or no digit is found).
+// counts' total (1 <= need <= total, or no digit is found). Two CTA
+// barriers: every warp scans the 32 warp sums itself, and only the warp
+// holding the need-th count scans its threads' (block_exclusive_sum's three
+// barriers and warp 0's serial scan between them were on every level's path).
 template <class Counts, class Need>
 __device__ __forceinline__ void find_digit(u32 bins, Counts&& counts, Need&& need_of, u32* sums,
                                            u32* found) {
+    static_assert(SEL_WARPS == 32, "one warp sum a lane");
     const u32 per_bins = bins / SEL_THREADS;  // 2 or 1
     const u32 top = bins - 1 - threadIdx.x * per_bins;
+    const u32 lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u32 c[2];
 #pragma unroll
     for (u32 j = 0; j < 2; ++j) c[j] = j < per_bins ? counts(top - j) : 0u;
-    u32 all;
-    u32 above = block_exclusive_sum<SEL_THREADS>(c[0] + c[1], sums, all);
+    const u32 mine = c[0] + c[1];
+    const u32 incl = warp_inclusive_sum(mine);
+    if (lane == 31) sums[warp] = incl;
+    __syncthreads();
+    const u32 warp_sum = sums[lane];
+    const u32 warps_incl = warp_inclusive_sum(warp_sum);  // lane w: warps 0..w
+    const u32 all = __shfl_sync(0xffffffffu, warps_incl, 31);
     const u32 need = need_of(all);
+    // The first warp whose running count reaches `need` holds the digit.
+    const u32 reach = __ballot_sync(0xffffffffu, warps_incl >= need);
+    if (reach != 0u && warp == (u32)(__ffs(reach) - 1)) {
+        u32 above = __shfl_sync(0xffffffffu, warps_incl - warp_sum, warp) + incl - mine;
 #pragma unroll
-    for (u32 j = 0; j < 2; ++j) {
-        if (j < per_bins && above < need && above + c[j] >= need) {
-            found[0] = top - j;
-            found[1] = above;
-            found[2] = c[j];
+        for (u32 j = 0; j < 2; ++j) {
+            if (j < per_bins && above < need && above + c[j] >= need) {
+                found[0] = top - j;
+                found[1] = above;
+                found[2] = c[j];
+            }
+            above += c[j];
         }
-        above += c[j];
     }
     __syncthreads();
 }
@@ -286,9 +301,11 @@ struct ThreadKeys {
     template <class Claim, class Store>
     __device__ __forceinline__ void emit_and_gather(const SelectParams& p, u32 prefix, Claim&& claim,
                                                     Store&& store) const {
-        const u32 d = prefix >> 21;
-        u32 above = mask([&](u32 x) { return (x >> 21) > d; });
-        u32 bin = mask([&](u32 x) { return x != 0u && (x >> 21) == d; });
+        // Bin d holds the keys lo..hi (lo >= 1: key 0 is no candidate); one
+        // compare a key for each mask, as the key's top 11 bits need two.
+        const u32 hi = prefix | 0x1fffffu, lo = max(prefix, 1u), span = hi - lo;
+        u32 above = mask([&](u32 x) { return x > hi; });
+        u32 bin = mask([&](u32 x) { return x - lo <= span; });
         const u32 a = __popc(above), b = __popc(bin);
         const u32 incl = warp_inclusive_sum(a | b << 16);  // a warp holds at most 32 * PER of each
         const u32 warp_total = __shfl_sync(0xffffffffu, incl, 31);
@@ -300,7 +317,12 @@ struct ThreadKeys {
         u32 sa = (u32)base + (incl & 0xffffu) - a;
         u32 sb = (u32)(base >> 32) + (incl >> 16) - b;
         for (; above != 0; above &= above - 1, ++sa) put(p, sa, first + (__ffs(above) - 1));
-        for (; bin != 0; bin &= bin - 1, ++sb) store(sb, candidate_of(__ffs(bin) - 1));
+        // The candidates from the keys in registers (unrolled: key[i] at a
+        // run-time i would go to local memory), not reloaded from the logits.
+#pragma unroll
+        for (int i = 0; i < PER; ++i) {
+            if (bin >> i & 1u) store(sb++, candidate(key[i], first + i));
+        }
     }
     // The `need` best of the `count` candidates in pool[] (gathered by
     // emit_and_gather for the first digit of `prefix`, `pmask`), written to
@@ -318,12 +340,6 @@ struct ThreadKeys {
             each(m, claim, [&](u32 slot, u32) { put(p, slot, ~(u32)v); });
         }
     }
-    // The candidate of key i (its key again from its logit: key[i] at a
-    // run-time i would put key[] in local memory).
-    __device__ __forceinline__ u64 candidate_of(u32 i) const {
-        const u32 pos = first + i;
-        return candidate(sel_key(lrow[pos]), pos);
-    }
     // Slots from..K-1 (fewer candidates than K): -1 / -inf, slot s by the
     // thread at s - from - start modulo stride.
     __device__ __forceinline__ void pad(u32 from, u32 start, u32 stride, u32 K) const {
@@ -340,12 +356,11 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     __shared__ u32 hist[2][SEL_BINS];  // this CTA's digit counts, by level parity
     __shared__ u32 total_hist[SEL_BINS];
     __shared__ u32 sums[SEL_WARPS];
-    // rank 0's are the cluster's: output slots taken (the low word; the high one is unused)
-    __shared__ unsigned long long counters;
-    // rank 0's: the gather's claims, (candidates << 16 | keys above), one
-    // 32-bit word (a 64-bit add on a CTA's own shared memory is a
-    // compare-and-swap loop; 32 warps contended for it)
-    __shared__ u32 gathered;
+    // Rank 0's are the cluster's: the output slots taken, and the gather's
+    // claims as (candidates << 16 | keys above), a 32-bit word (a 64-bit add
+    // on a CTA's own shared memory is a compare-and-swap loop, which 32 warps
+    // contended for).
+    __shared__ u32 slots_taken, gathered;
     __shared__ u32 found[3];      // the level's digit, the count above it, its own count
 
     const u32 tid = threadIdx.x;
@@ -357,14 +372,14 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
-    if (tid == 0) counters = 0u, gathered = 0u;
-    const u32 counter = dsmem(&counters, 0);
+    if (tid == 0) slots_taken = 0u, gathered = 0u;
+    const u32 counter = dsmem(&slots_taken, 0);
     // Output slots from the counter in rank 0's shared memory.
     auto slots = [&](u32 c) { return dsmem_add(counter, c); };
     auto emit = [&](u32 m) { t.emit(p, m, slots); };
 
     // This CTA's zeroing before its own counts: the first access to another
-    // CTA's shared memory (and to rank 0's counters) comes after the level's
+    // CTA's shared memory (and to rank 0's slot words) comes after the level's
     // cluster barrier below, so none is needed here (its GPU-scope fence
     // would wait for the logits' loads, 4 us of decode_r64's tail on an H100).
     __syncthreads();
@@ -423,10 +438,9 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
                           [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
         cluster_sync();
         if (rank != 0) return;
-        u32* slot_counter = reinterpret_cast<u32*>(&counters);  // the low word, unused so far
-        if (tid == 0) *slot_counter = K - need;  // the keys above bin d took slots 0..K-need-1
+        if (tid == 0) slots_taken = K - need;  // the keys above bin d took slots 0..K-need-1
         t.emit_picked(p, pool, ties, need, prefix, pmask, total_hist, sums, found,
-                      [&](u32 c) { return atomicAdd(slot_counter, c); });
+                      [&](u32 c) { return atomicAdd(&slots_taken, c); });
         return;
     } else {
         // `prefix` is the k-th key: every key above it, then `need` of its
