@@ -172,16 +172,17 @@ __device__ __forceinline__ void take_digit(const u32* found, int shift, u32 bins
 // bits below the top 11 (levels of 11, 10, 11, 11, 10 bits) until a bin holds
 // exactly the ones still needed; the last level's bins hold one candidate
 // each. After it the chosen ones are those with (v & cmask) >= cprefix.
+// The caller clears `hist` and writes pool[] before a CTA barrier (each
+// level's find_digit clears the bins it reads, so no level clears or waits
+// again).
 #define SEL_CAND_LEVELS 5
 __device__ __forceinline__ void pick_candidates(const u64* pool, u32 count, u32 need, u64& cprefix,
                                                 u64& cmask, u32* hist, u32* sums, u32* found) {
     const u32 tid = threadIdx.x;
-    for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
 #pragma unroll 1
     for (int lv = 0; lv < SEL_CAND_LEVELS; ++lv) {
         const int shift = lv == 0 ? 42 : (lv == 1 ? 32 : (lv == 2 ? 21 : (lv == 3 ? 10 : 0)));
         const u32 bins = lv == 1 || lv == 4 ? 1024u : 2048u;
-        __syncthreads();  // the pool written, `hist` cleared
         for (u32 i = tid; i < count; i += SEL_THREADS) {
             const u64 v = pool[i];
             if ((v & cmask) == cprefix) atomicAdd(&hist[(u32)(v >> shift) & (bins - 1)], 1u);
@@ -327,6 +328,7 @@ struct ThreadKeys {
     // The `need` best of the `count` candidates in pool[] (gathered by
     // emit_and_gather for the first digit of `prefix`, `pmask`), written to
     // output slots from claim(count); any thread of the CTA may hold any.
+    // `hist` clear and pool[] written before a CTA barrier (pick_candidates).
     template <class Claim>
     __device__ __forceinline__ void emit_picked(const SelectParams& p, const u64* pool, u32 count,
                                                 u32 need, u32 prefix, u32 pmask, u32* hist,
@@ -436,6 +438,10 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
                               return (u64)(old >> 16) << 32 | (old & 0xffffu);
                           },
                           [&](u32 slot, u64 v) { dsmem_store_u64(pool0 + slot * 8u, v); });
+        // The pick's histogram (the level's sums, read before find_digit's
+        // last barrier), cleared under this barrier.
+        if (rank == 0)
+            for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) total_hist[b] = 0u;
         cluster_sync();
         if (rank != 0) return;
         if (tid == 0) slots_taken = K - need;  // the keys above bin d took slots 0..K-need-1
@@ -613,6 +619,7 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
         if (!last_to_arrive(&st[SG_DONE], parts, &flag)) return;
         for (u32 i = tid; i < ties; i += SEL_THREADS) pool[i] = __ldcg(&cand[i]);
         if (tid == 0) picked = K - need;  // the keys above bin d took slots 0..K-need-1
+        __syncthreads();  // the pool written; `hist` is clear since level 0 moved its counts
         t.emit_picked(p, pool, ties, need, prefix, pmask, hist, sums, found,
                       [&](u32 c) { return atomicAdd(&picked, c); });
         return;
