@@ -1,6 +1,7 @@
 """Round 38: globaltimer stamps in rank 0's pick of select_cluster, on main
-after the u32 slot word (round 37's trace_select.py `main` form no longer
-applies there), for a diagnostic wheel, never for main:
+at a3cba16 (the u32 slot word, where round 37's trace_select.py `main` form
+no longer applies; caf4423 then removed the pick's clearing this patches),
+for a diagnostic wheel, never for main:
 
     python3 trace_pick.py kernels/indexer_select.cu && ./dev ptx && ./dev wheel
 
