@@ -10,11 +10,13 @@ the pick's steps: `pzero` (clearing its histogram and the CTA barrier),
 `phist` (counting the pool), `pdigit` (the first level's digit), `pmore`
 (any further levels; `levels` says how many ran) and `pemit` (the emit and
 the closing CTA barrier). tools/gpu/trace_summary.py reads the lines."""
+
+# ruff: noqa: E501 (anchors copy the kernel's own lines)
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "round37"))
-import trace_select as r37  # noqa: E402
+import trace_select as r37
 
 PICK_STAMPS = [
     (
@@ -81,9 +83,15 @@ GATHER = (
         }
 """
     + r37.report(
-        ("wait", "T[1]-T[0]"), ("load", "T[2]-T[1]"), ("hist", "T[3]-T[2]"), ("xchg", "T[4]-T[3]"),
-        ("digit", "T[5]-T[4]"), ("gather", "T[6]-T[5]"), ("sync", "T[7]-T[6]"),
-        ("pick", "rank == 0 ? T[8]-T[7] : 0ull"), ("pzero", "rank == 0 ? sc_pick_t[0]-T[7] : 0ull"),
+        ("wait", "T[1]-T[0]"),
+        ("load", "T[2]-T[1]"),
+        ("hist", "T[3]-T[2]"),
+        ("xchg", "T[4]-T[3]"),
+        ("digit", "T[5]-T[4]"),
+        ("gather", "T[6]-T[5]"),
+        ("sync", "T[7]-T[6]"),
+        ("pick", "rank == 0 ? T[8]-T[7] : 0ull"),
+        ("pzero", "rank == 0 ? sc_pick_t[0]-T[7] : 0ull"),
         ("phist", "rank == 0 ? sc_pick_t[1]-sc_pick_t[0] : 0ull"),
         ("pdigit", "rank == 0 ? sc_pick_t[2]-sc_pick_t[1] : 0ull"),
         ("pmore", "rank == 0 ? sc_pick_t[3]-sc_pick_t[2] : 0ull"),
@@ -94,12 +102,12 @@ GATHER = (
 
 
 def main() -> None:
-    path = sys.argv[1]
-    s = open(path).read()
+    path = Path(sys.argv[1])
+    s = path.read_text()
     for old, new in [r37.STAMPS, *PICK_STAMPS, *r37.NO_FIRST_BARRIER, *r37.LEVEL, GATHER]:
         assert old in s, old
         s = s.replace(old, new, 1)
-    open(path, "w").write(s)
+    path.write_text(s)
 
 
 if __name__ == "__main__":
