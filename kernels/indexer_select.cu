@@ -430,7 +430,7 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
         // more levels). No CTA reads another's shared memory after it.
         const u32 pool0 = dsmem(pool, 0);
         // Keys above bin d: at most K; candidates: at most SC_CAND_CAP.
-        static_assert(SC_CAND_CAP < 65536, "the gather's counts share a word");
+        static_assert(IDX_TOPK_MAX < 65536 && SC_CAND_CAP < 65536, "the gather's counts share a word");
         const u32 gather_counter = dsmem(&gathered, 0);
         t.emit_and_gather(p, prefix,
                           [&](u64 c) {

@@ -4,7 +4,8 @@
 
 Lines `KEY name value name value ...` (integers) from the kernels of a
 diagnostic build (`HPTRACE` from `scorer-trace`, `SGTRACE` from
-`select-trace`, `SCTRACE` from round 37's `trace_select.py`) are grouped by the `== call N` line before them and by KEY
+`select-trace`, `SCTRACE` from round 37's `trace_select.py` and round 38's
+`trace_pick.py`) are grouped by the `== call N` line before them and by KEY
 plus any non-numeric word after it (a flavor); each field's median, minimum
 and maximum over the lines of a group are printed.
 """
