@@ -1210,7 +1210,26 @@ struct StreamLayout {
     u32* bits;  // [cap]
     u32* idx;   // [cap]
     u32 cap;
+    u32 hist_at;  // sm->hist as a shared-space address
+    u32 bits_at;  // bits, idx: the same
+    u32 idx_at;
 };
+
+// A buffer entry (bits, idx) at slot j, on addresses formed once.
+__device__ __forceinline__ void stream_store(const StreamLayout& l, u32 j, u32 bits, u32 idx) {
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(l.bits_at + 4u * j), "r"(bits) : "memory");
+    asm volatile("st.shared.u32 [%0], %1;" ::"r"(l.idx_at + 4u * j), "r"(idx) : "memory");
+}
+
+// hist_at's bin `bin` plus one when `on`: a predicated shared reduction on
+// an address formed once (through the generic pointer the compiler formed
+// the shared window's base again for every count, behind a branch).
+__device__ __forceinline__ void stream_count(u32 hist_at, u32 bin, bool on) {
+    asm volatile(
+        "{\n .reg .pred q;\n setp.ne.u32 q, %1, 0;\n @q red.shared.add.u32 [%0], 1;\n}"
+        ::"r"(hist_at + 4u * bin), "r"((u32)on)
+        : "memory");
+}
 
 // Dynamic shared memory: StagedSmem, then the buffer's bits and indices
 // [hit_cap] each; TopkSmem overlays it for the radix path. Mirrored by
@@ -1226,6 +1245,9 @@ __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams&
     l.bits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
     l.idx = l.bits + p.hit_cap;
     l.cap = p.hit_cap - 1;  // the last entry is spare: slots past the end write it
+    l.hist_at = smem_addr(l.sm->hist);
+    l.bits_at = smem_addr(l.bits);
+    l.idx_at = smem_addr(l.idx);
     return l;
 }
 
@@ -1246,11 +1268,10 @@ __device__ __forceinline__ void stream_keep(const StreamLayout& l, bool keep, u3
     if (mk != 0) {
         const u32 j = warp_reserve(keep, mk, &l.sm->n_hits);
         const u32 bin = staged_bin(bits);
+        stream_count(l.hist_at, bin, keep);
         if (keep) {
-            atomicAdd(&l.sm->hist[bin], 1u);
             if (j < l.cap) {
-                l.bits[j] = bits;
-                l.idx[j] = idx;
+                stream_store(l, j, bits, idx);
             }
         }
         stream_counted(*l.sm, keep ? bin : 0u, keep ? 1u : 0u);
@@ -1302,11 +1323,10 @@ __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u
         if (has) {
             const u32 bits = pick_by_bits<0, S>(v, s);
             const u32 at = min(j, l.cap);
-            l.bits[at] = bits;
-            l.idx[at] = index(s);
+            stream_store(l, at, bits, index(s));
             if (count) {
                 const u32 bin = staged_bin(bits);
-                atomicAdd(&l.sm->hist[bin], 1u);
+                stream_count(l.hist_at, bin, true);
                 top = max(top, bin);
             }
         }
@@ -1472,10 +1492,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
 #pragma unroll
             for (int q = 0; q < 4 * U; ++q) {
                 const u32 bin = staged_bin(w[q]);
-                if (bin != 0) {
-                    atomicAdd(&sm.hist[bin], 1u);
-                    ++n;
-                }
+                stream_count(l.hist_at, bin, bin != 0);
+                n += bin != 0 ? 1u : 0u;
                 top = max(top, bin);
             }
             stream_counted(sm, top, n);
