@@ -1211,9 +1211,10 @@ struct StreamLayout {
     u32* idx;   // [cap]
     u32 cap;
     // sm->hist, bits and idx as shared-space addresses, formed once a row:
-    // through the generic pointers the compiler rebuilt the shared window's
-    // base at every count and store (about 3% of the kernel's instructions;
-    // prefill's top-k alone 7.7 us faster without, round 39).
+    // through the generic pointers (64 registers leave no room to keep the
+    // base) the compiler rebuilt the shared window's base at every count and
+    // store. Forming them once took 7.7 us off prefill's top-k alone on an
+    // H100 (bench-results/h200/indexer-round39-notes.md).
     u32 hist_at;
     u32 bits_at;
     u32 idx_at;
