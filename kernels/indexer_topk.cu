@@ -112,8 +112,8 @@ __device__ __forceinline__ RowChunk row_chunk(const TopkParams& p, u32 r) {
     // Chunks done before this one: all earlier chunks while live, else the
     // live ones. None before the first, without the division (a one-chunk
     // plan's every warp of every row ran it).
-    u32 done_chunks = 0;
-    if (p.chunk != 0) done_chunks = (u32)min((u64)p.chunk, ((u64)c.live + p.chunk_len - 1) / p.chunk_len);
+    const u32 done_chunks =
+        p.chunk == 0 ? 0u : (u32)min((u64)p.chunk, ((u64)c.live + p.chunk_len - 1) / p.chunk_len);
     c.carry_in = done_chunks > 0 ? (done_chunks - 1) & 1 : 0;
     return c;
 }
