@@ -434,12 +434,43 @@ __device__ __forceinline__ void each_cand(const Src& src, F&& f) {
         for_each_cand(src, f);
 }
 
-// Warp-aggregated append: slot for this lane when sel, from counter *ctr.
+// Shared-memory atomics sent by one lane of a warp (a warp's reservation, its
+// tallies). ptxas wraps an atomic on a warp-uniform address in its own warp
+// aggregation (a vote, a leader pick, a multiply and a rank: about ten
+// instructions the warp issues for its one active lane). Offsetting the
+// address by (%laneid - lane), zero in the sending lane, makes it non-uniform
+// to ptxas and leaves a plain ATOMS.
+__device__ __forceinline__ u32 shared_fetch_add(u32* ctr, u32 v, u32 lane) {
+    u32 old;
+    asm volatile(
+        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %3;\n"
+        " mad.lo.u32 a, a, 4, %1;\n atom.shared.add.u32 %0, [a], %2;\n}"
+        : "=r"(old)
+        : "r"(smem_addr(ctr)), "r"(v), "r"(lane)
+        : "memory");
+    return old;
+}
+__device__ __forceinline__ void shared_add(u32* ctr, u32 v, u32 lane) {
+    asm volatile(
+        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %2;\n"
+        " mad.lo.u32 a, a, 4, %0;\n red.shared.add.u32 [a], %1;\n}"
+        ::"r"(smem_addr(ctr)), "r"(v), "r"(lane)
+        : "memory");
+}
+__device__ __forceinline__ void shared_max(u32* ctr, u32 v, u32 lane) {
+    asm volatile(
+        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %2;\n"
+        " mad.lo.u32 a, a, 4, %0;\n red.shared.max.u32 [a], %1;\n}"
+        ::"r"(smem_addr(ctr)), "r"(v), "r"(lane)
+        : "memory");
+}
+
+// Warp-aggregated append: slot for this lane when sel, from the shared-memory counter *ctr.
 __device__ __forceinline__ u32 warp_append(bool sel, u32* ctr) {
     const u32 lane = threadIdx.x & 31;
     const u32 mask = __ballot_sync(0xffffffffu, sel);
     u32 base = 0;
-    if (lane == 0 && mask != 0) base = atomicAdd(ctr, (u32)__popc(mask));
+    if (lane == 0 && mask != 0) base = shared_fetch_add(ctr, (u32)__popc(mask), 0);
     base = __shfl_sync(0xffffffffu, base, 0);
     return base + (u32)__popc(mask & ((1u << lane) - 1u));
 }
@@ -831,12 +862,13 @@ __device__ __noinline__ void select_general(const GSrc& g, u32 k, u32 pad_to, co
         select_topk<kPath>(g, k, pad_to, d.val, sm);
 }
 
-// Slots for the lanes with sel from counter *ctr; mask = __ballot_sync(sel) != 0.
+// Slots for the lanes with sel from the shared-memory counter *ctr; mask =
+// __ballot_sync(sel) != 0.
 __device__ __forceinline__ u32 warp_reserve(bool sel, u32 mask, u32* ctr) {
     const u32 lane = threadIdx.x & 31;
     const u32 leader = (u32)__ffs((int)mask) - 1;
     u32 base = 0;
-    if (lane == leader) base = atomicAdd(ctr, (u32)__popc(mask));
+    if (lane == leader) base = shared_fetch_add(ctr, (u32)__popc(mask), leader);
     base = __shfl_sync(0xffffffffu, base, leader);
     (void)sel;
     return base + (u32)__popc(mask & ((1u << lane) - 1u));
@@ -978,7 +1010,7 @@ __device__ __forceinline__ void staged_list(const StagedLayout& l, u32 npos, u32
         if ((m0 | m1 | m2 | m3) == 0) continue;  // (warp-uniform)
         const u32 c0 = (u32)__popc(m0), c1 = (u32)__popc(m1), c2 = (u32)__popc(m2);
         u32 slot = 0;
-        if (lane == 0) slot = atomicAdd(&sm.n_hits, c0 + c1 + c2 + (u32)__popc(m3));
+        if (lane == 0) slot = shared_fetch_add(&sm.n_hits, c0 + c1 + c2 + (u32)__popc(m3), 0);
         slot = __shfl_sync(0xffffffffu, slot, 0);
         const u32 pos = 4 * q;
         u32 at = slot + (u32)__popc(m0 & lt);
@@ -1262,8 +1294,8 @@ __device__ __forceinline__ void stream_counted(StagedSmem& sm, u32 top, u32 n) {
     top = __reduce_max_sync(0xffffffffu, top);
     n = __reduce_add_sync(0xffffffffu, n);
     if ((threadIdx.x & 31) == 0 && n != 0) {
-        atomicMax(&sm.top_bin, top);
-        atomicAdd(&sm.n_counted, n);
+        shared_max(&sm.top_bin, top, 0);
+        shared_add(&sm.n_counted, n, 0);
     }
 }
 
@@ -1315,7 +1347,7 @@ __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u
         if (lane >= (u32)d) inc += y;
     }
     u32 base = 0;
-    if (lane == 31) base = atomicAdd(&l.sm->n_hits, inc);
+    if (lane == 31) base = shared_fetch_add(&l.sm->n_hits, inc, 31);
     u32 j = __shfl_sync(0xffffffffu, base, 31) + inc - c;
     u32 top = 0;
     for (u32 i = 0; i < steps; ++i) {
@@ -1414,7 +1446,7 @@ __device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bou
             const u32 bin = (u32)(hi - (i32)__ffs((int)hit) + 1);
             if (bin > bound) {
                 bound = bin;
-                if (lane == 0) atomicMax(&sm.bound, bin);
+                if (lane == 0) shared_max(&sm.bound, bin, 0);
             }
             break;
         }
