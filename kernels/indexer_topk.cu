@@ -1536,8 +1536,11 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             bound = max(bound, *(volatile u32*)&sm.bound);  // the latest published
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
+        // Key q's index from one base a round (rebuilding g.idx0 from the
+        // parameters at every keep step cost the step three instructions).
+        const u32 round_idx = g.idx0 + 4 * (it * NT * U + t);
         stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
-            return g.idx0 + 4 * (it * NT * U + (q / 4) * NT + t) + (q % 4);
+            return round_idx + (q / 4) * (4 * NT) + (q % 4);
         });
         // Later rounds take turns searching for a bound, which the others
         // take up when they next keep.
