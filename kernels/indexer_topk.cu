@@ -440,29 +440,26 @@ __device__ __forceinline__ void each_cand(const Src& src, F&& f) {
 // instructions the warp issues for its one active lane). Offsetting the
 // address by (%laneid - lane), zero in the sending lane, makes it non-uniform
 // to ptxas and leaves a plain ATOMS.
+__device__ __forceinline__ u32 lane_offset_addr(u32* ctr, u32 lane) {
+    u32 a;
+    asm("{\n .reg .u32 l;\n mov.u32 l, %%laneid;\n sub.u32 l, l, %2;\n mad.lo.u32 %0, l, 4, %1;\n}"
+        : "=r"(a)
+        : "r"(smem_addr(ctr)), "r"(lane));
+    return a;
+}
 __device__ __forceinline__ u32 shared_fetch_add(u32* ctr, u32 v, u32 lane) {
     u32 old;
-    asm volatile(
-        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %3;\n"
-        " mad.lo.u32 a, a, 4, %1;\n atom.shared.add.u32 %0, [a], %2;\n}"
-        : "=r"(old)
-        : "r"(smem_addr(ctr)), "r"(v), "r"(lane)
-        : "memory");
+    asm volatile("atom.shared.add.u32 %0, [%1], %2;"
+                 : "=r"(old)
+                 : "r"(lane_offset_addr(ctr, lane)), "r"(v)
+                 : "memory");
     return old;
 }
 __device__ __forceinline__ void shared_add(u32* ctr, u32 v, u32 lane) {
-    asm volatile(
-        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %2;\n"
-        " mad.lo.u32 a, a, 4, %0;\n red.shared.add.u32 [a], %1;\n}"
-        ::"r"(smem_addr(ctr)), "r"(v), "r"(lane)
-        : "memory");
+    asm volatile("red.shared.add.u32 [%0], %1;" ::"r"(lane_offset_addr(ctr, lane)), "r"(v) : "memory");
 }
 __device__ __forceinline__ void shared_max(u32* ctr, u32 v, u32 lane) {
-    asm volatile(
-        "{\n .reg .u32 a;\n mov.u32 a, %%laneid;\n sub.u32 a, a, %2;\n"
-        " mad.lo.u32 a, a, 4, %0;\n red.shared.max.u32 [a], %1;\n}"
-        ::"r"(smem_addr(ctr)), "r"(v), "r"(lane)
-        : "memory");
+    asm volatile("red.shared.max.u32 [%0], %1;" ::"r"(lane_offset_addr(ctr, lane)), "r"(v) : "memory");
 }
 
 // Warp-aggregated append: slot for this lane when sel, from the shared-memory counter *ctr.
