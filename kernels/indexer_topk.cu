@@ -436,8 +436,8 @@ __device__ __forceinline__ void each_cand(const Src& src, F&& f) {
 
 // Shared-memory atomics sent by one lane of a warp (a warp's reservation, its
 // tallies). ptxas wraps an atomic on a warp-uniform address in its own warp
-// aggregation (a vote, a leader pick, a multiply and a rank: about ten
-// instructions the warp issues for its one active lane). Offsetting the
+// aggregation (a vote, a leader pick, a multiply and a rank: 13 instructions
+// the warp issues for its one active lane). Offsetting the
 // address by (%laneid - lane), zero in the sending lane, makes it non-uniform
 // to ptxas and leaves a plain ATOMS.
 __device__ __forceinline__ u32 lane_offset_addr(u32* ctr, u32 lane) {
@@ -1534,7 +1534,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         }
         const float tf = __uint_as_float(staged_bits_of_key(bound << 20));  // bin's lowest
         // Key q's index from one base a round (rebuilding g.idx0 from the
-        // parameters at every keep step cost the step three instructions).
+        // parameters at every keep step cost the step four instructions).
         const u32 round_idx = g.idx0 + 4 * (it * NT * U + t);
         stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
             return round_idx + (q / 4) * (4 * NT) + (q % 4);

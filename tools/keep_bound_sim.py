@@ -23,7 +23,9 @@ from b12x.bench.indexer import CASES, make_inputs
 from b12x.bench.indexer_peers import check_rows, reference_logits
 
 CASE = CASES["prefill_r4096_L32768"]
-ROUND = 512 * 4 * 4  # threads x float4 groups a thread x 4 keys: one round of the kernel
+# One round of the kernel: TOPK_STREAM_THREADS (512) threads x TOPK_STREAM_UNROLL (4)
+# float4 groups a thread x 4 keys (kernels/indexer_topk.cu).
+ROUND = 512 * 4 * 4
 
 
 def bound(keys: np.ndarray, bits: int) -> int:
