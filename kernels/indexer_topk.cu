@@ -1329,10 +1329,15 @@ __device__ __forceinline__ u32 pick_by_bits(const u32 (&v)[M], u32 s) {
 template <int S, class Index>
 __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&v)[S],
                                                   float tf, bool count, Index index) {
-    u32 m = 0;
+    // A compare and a predicated OR a key, into two words whose chains run
+    // side by side (ptxas made a select and an add of the C form's bits).
+    u32 mw[2] = {0u, 0u};
 #pragma unroll
     for (int s = 0; s < S; ++s)
-        if (__uint_as_float(v[s]) >= tf) m |= 1u << s;
+        asm("{\n .reg .pred p;\n setp.ge.f32 p, %1, %2;\n @p or.b32 %0, %0, %3;\n}"
+            : "+r"(mw[s % 2])
+            : "f"(__uint_as_float(v[s])), "f"(tf), "r"(1u << s));
+    u32 m = mw[0] | mw[1];
     const u32 c = (u32)__popc(m);
     const u32 steps = __reduce_max_sync(0xffffffffu, c);
     if (steps == 0) return;
@@ -1523,7 +1528,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
 #pragma unroll
             for (int q = 0; q < 4 * U; ++q) {
                 const u32 bin = staged_bin(w[q]);
-                stream_count(l.hist_at, bin, bin != 0);
+                // Non-candidates count too, in bin 0, which no bound reads:
+                // an unpredicated increment leaves ptxas one ATOMS, where the
+                // predicated one took a branch around it.
+                stream_count(l.hist_at, bin, true);
                 n += bin != 0 ? 1u : 0u;
                 top = max(top, bin);
             }
