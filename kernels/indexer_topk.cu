@@ -1330,7 +1330,8 @@ template <int S, class Index>
 __device__ __forceinline__ void stream_keep_round(const StreamLayout& l, const u32 (&v)[S],
                                                   float tf, bool count, Index index) {
     // A compare and a predicated OR a key, into two words whose chains run
-    // side by side (ptxas made a select and an add of the C form's bits).
+    // side by side (the plain `if (v >= tf) m |= bit` compiled to a select
+    // and an add a key).
     u32 mw[2] = {0u, 0u};
 #pragma unroll
     for (int s = 0; s < S; ++s)
@@ -1528,9 +1529,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
 #pragma unroll
             for (int q = 0; q < 4 * U; ++q) {
                 const u32 bin = staged_bin(w[q]);
-                // Non-candidates count too, in bin 0, which no bound reads:
-                // an unpredicated increment leaves ptxas one ATOMS, where the
-                // predicated one took a branch around it.
+                // Non-candidates count too, in bin 0 (n leaves them out, and
+                // every bound is at least STAGED_FIRST_NUMBER_BIN, so no bound
+                // lands on bin 0): an unpredicated increment leaves ptxas one
+                // ATOMS, where the predicated one took a branch around it.
                 stream_count(l.hist_at, bin, true);
                 n += bin != 0 ? 1u : 0u;
                 top = max(top, bin);
