@@ -67,7 +67,8 @@ struct TopkParams {
     u32 slice_len;
     u32 physical;
     u32 pages;      // pages of the K cache, min(shape[0], 2^31)
-    u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged)
+    u32 stage_cap;  // candidates the staged path can hold in shared memory (0: never staged);
+                    // the stream kernel: STREAM_SUB_BINS where it counts level 1, or 0
     u32 hit_cap;    // positions the staged path may list at or above its threshold
 };
 
@@ -1050,35 +1051,41 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
     return true;
 }
 
-// Refines bin b0 on the 64-bit key (value key << 32 | ~index) with the radix
-// path's digits below the bin's, over (vals, idxs)[0, m), b0's keys, and sends
-// the need best of them out. Barriers inside.
-template <u32 NT = TOPK_THREADS>
-__device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, u32 m, u32 b0,
-                                              u32 need, const DestSink& dest, StagedSmem& sm) {
-    // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
-    u64 prefix = b0;
-    u32 shift = 52u;
-    if (m != need) {
-        for (int lvl = 1; lvl < 6; ++lvl) {
-            const u32 width = (lvl == 2 || lvl == 5) ? 8u : 12u;
-            shift -= width;
-            const u32 above = shift + width;
-            const u32 nbins = 1u << width;
-            for (u32 b = threadIdx.x; b < nbins; b += NT) sm.hist[b] = 0;
-            __syncthreads();
-            for (u32 j = threadIdx.x; j < m; j += NT) {
-                const u64 key = staged_key64(vals[j], idxs[j]);
-                if ((key >> above) == prefix)
-                    atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
-            }
-            __syncthreads();
-            find_bin<NT>(sm, nbins, need);
-            prefix = (prefix << width) | sm.res_bin;
-            need -= sm.res_above;
-            if (sm.res_cnt == need) break;  // every key of this bin is in
+// The refine's digits below b0's 12 bits: level 1 is bits 51..40 of the key.
+__device__ __forceinline__ u32 refine_width(int lvl) { return (lvl == 2 || lvl == 5) ? 8u : 12u; }
+
+// Levels lvl0.. of the refine over (vals, idxs)[0, m): narrows (prefix, shift)
+// until the need best keys are exactly those with key >> shift >= prefix.
+// Barriers inside.
+template <u32 NT>
+__device__ __forceinline__ void staged_refine_levels(const u32* vals, const u32* idxs, u32 m,
+                                                     int lvl0, u32 need, u64& prefix, u32& shift,
+                                                     StagedSmem& sm) {
+    for (int lvl = lvl0; lvl < 6; ++lvl) {
+        const u32 width = refine_width(lvl);
+        shift -= width;
+        const u32 above = shift + width;
+        const u32 nbins = 1u << width;
+        for (u32 b = threadIdx.x; b < nbins; b += NT) sm.hist[b] = 0;
+        __syncthreads();
+        for (u32 j = threadIdx.x; j < m; j += NT) {
+            const u64 key = staged_key64(vals[j], idxs[j]);
+            if ((key >> above) == prefix)
+                atomicAdd(&sm.hist[(u32)(key >> shift) & (nbins - 1)], 1u);
         }
+        __syncthreads();
+        find_bin<NT>(sm, nbins, need);
+        prefix = (prefix << width) | sm.res_bin;
+        need -= sm.res_above;
+        if (sm.res_cnt == need) break;  // every key of this bin is in
     }
+}
+
+// Sends the keys of (vals, idxs)[0, m) with key >> shift >= prefix out.
+template <u32 NT>
+__device__ __forceinline__ void staged_emit_selected(const u32* vals, const u32* idxs, u32 m,
+                                                     u64 prefix, u32 shift,
+                                                     const DestSink& dest, StagedSmem& sm) {
     for (u32 base = 0; base < m; base += NT) {
         const u32 j = base + threadIdx.x;
         const bool in = j < m;
@@ -1093,13 +1100,26 @@ __device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, 
     }
 }
 
+// Refines bin b0 on the 64-bit key (value key << 32 | ~index) with the radix
+// path's digits below the bin's, over (vals, idxs)[0, m), b0's keys, and sends
+// the need best of them out. Barriers inside.
+template <u32 NT = TOPK_THREADS>
+__device__ __forceinline__ void staged_refine(const u32* vals, const u32* idxs, u32 m, u32 b0,
+                                              u32 need, const DestSink& dest, StagedSmem& sm) {
+    // Selected: key >> shift >= prefix (shift 52 with prefix b0: every key of b0).
+    u64 prefix = b0;
+    u32 shift = 52u;
+    if (m != need) staged_refine_levels<NT>(vals, idxs, m, 1, need, prefix, shift, sm);
+    staged_emit_selected<NT>(vals, idxs, m, prefix, shift, dest, sm);
+}
+
 // One round over n listed keys (load(j, bits, idx) reads the j-th): the keys
 // above bin b0 go out, b0's to (b0_bits, b0_idx)[0, cap) (counted in
-// sm.n_cand), and staged_refine picks the selected ones of those.
-template <u32 NT, class Load>
-__device__ __forceinline__ void staged_split_refine(u32 n, u32 b0, u32 need, Load load,
-                                                    u32* b0_bits, u32* b0_idx, u32 cap,
-                                                    const DestSink& dest, StagedSmem& sm) {
+// sm.n_cand; on_b0(bits) sees each one stored). No barrier.
+template <u32 NT, class Load, class OnB0>
+__device__ __forceinline__ void staged_split(u32 n, u32 b0, Load load, u32* b0_bits, u32* b0_idx,
+                                             u32 cap, const DestSink& dest, StagedSmem& sm,
+                                             OnB0 on_b0) {
     for (u32 base = 0; base < n; base += NT) {
         const u32 j = base + threadIdx.x;
         const bool in = j < n;
@@ -1121,9 +1141,18 @@ __device__ __forceinline__ void staged_split_refine(u32 n, u32 b0, u32 need, Loa
             if (cand && c < cap) {
                 b0_bits[c] = bits;
                 b0_idx[c] = idx;
+                on_b0(bits);
             }
         }
     }
+}
+
+// staged_split, then staged_refine picks the selected ones of b0's keys.
+template <u32 NT, class Load>
+__device__ __forceinline__ void staged_split_refine(u32 n, u32 b0, u32 need, Load load,
+                                                    u32* b0_bits, u32* b0_idx, u32 cap,
+                                                    const DestSink& dest, StagedSmem& sm) {
+    staged_split<NT>(n, b0, load, b0_bits, b0_idx, cap, dest, sm, [](u32) {});
     __syncthreads();  // b0's list is complete
     staged_refine<NT>(b0_bits, b0_idx, min(sm.n_cand, cap), b0, need, dest, sm);
 }
@@ -1266,18 +1295,32 @@ __device__ __forceinline__ void stream_count(u32 hist_at, u32 bin, bool on) {
         : "memory");
 }
 
-// Dynamic shared memory: StagedSmem, then the buffer's bits and indices
-// [hit_cap] each; TopkSmem overlays it for the radix path. Mirrored by
-// topk_stream_shared_bytes in rust/cuda/src/indexer.rs.
-__device__ __forceinline__ u32 stream_bytes(u32 cap) {
-    return max((u32)sizeof(StagedSmem) + 8u * cap, (u32)sizeof(TopkSmem));
+// Level 1 of b0's refine (key bits 51..40, a 12-bit digit), where shared
+// memory leaves room for its counts (p.stage_cap == STREAM_SUB_BINS): counted
+// as b0's keys are copied, in its own bins and their sums by 32 (groups).
+#define STREAM_SUB_BINS 4096u
+#define STREAM_SUB_GROUPS (STREAM_SUB_BINS / 32u)
+#define STREAM_SUB_BYTES (4u * (STREAM_SUB_BINS + STREAM_SUB_GROUPS))
+
+// Dynamic shared memory: StagedSmem, the level-1 bins and groups where sub,
+// then the buffer's bits and indices [hit_cap] each; TopkSmem overlays it for
+// the radix path. Mirrored by topk_stream_shared_bytes in rust/cuda/src/indexer.rs.
+__device__ __forceinline__ u32 stream_bytes(u32 cap, bool sub) {
+    return max((u32)sizeof(StagedSmem) + (sub ? STREAM_SUB_BYTES : 0u) + 8u * cap,
+               (u32)sizeof(TopkSmem));
+}
+
+__device__ __forceinline__ u32* stream_sub(u8* dsm) {
+    return reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
 }
 
 __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams& p) {
-    if (dynamic_smem_bytes() < stream_bytes(p.hit_cap)) __trap();  // sized wrong by the launcher
+    const bool sub = p.stage_cap != 0;
+    if (dynamic_smem_bytes() < stream_bytes(p.hit_cap, sub) || (sub && p.stage_cap != STREAM_SUB_BINS))
+        __trap();  // sized wrong by the launcher
     StreamLayout l;
     l.sm = reinterpret_cast<StagedSmem*>(dsm);
-    l.bits = reinterpret_cast<u32*>(dsm + sizeof(StagedSmem));
+    l.bits = stream_sub(dsm) + (sub ? STREAM_SUB_BINS + STREAM_SUB_GROUPS : 0u);
     l.idx = l.bits + p.hit_cap;
     l.cap = p.hit_cap - 1;  // the last entry is spare: slots past the end write it
     l.hist_at = smem_addr(l.sm->hist);
@@ -1458,6 +1501,80 @@ __device__ __forceinline__ u32 stream_raise_bound(StagedSmem& sm, u32 k, u32 bou
     return bound;
 }
 
+// The bin of the need-th largest key counted in sub (STREAM_SUB_BINS bins,
+// their sums by 32 in groups), as one warp finds it: down the groups from the
+// top, 32 a step, then once down the 32 bins of the group found. found is
+// false only when the counts hold fewer than need keys.
+struct SubHit {
+    u32 bin;
+    u32 above;  // keys in higher bins
+    u32 cnt;
+    bool found;
+};
+
+__device__ __forceinline__ SubHit warp_find_sub(const u32* sub, const u32* groups, u32 need) {
+    u32 acc = 0;  // keys in the groups above this step's
+    for (i32 hi = (i32)STREAM_SUB_GROUPS - 1; hi >= 0; hi -= 32) {
+        u32 c, inc;
+        const u32 hit = warp_bins_step(groups, hi, acc, need, c, inc);
+        if (hit != 0) {
+            const u32 at = (u32)__ffs((int)hit) - 1u;
+            const u32 grp = (u32)(hi - (i32)at);
+            acc += __shfl_sync(0xffffffffu, inc - c, at);
+            // the group holds the need-th key, so one of its 32 bins reaches it
+            const u32 hit2 = warp_bins_step(sub, (i32)(32u * grp + 31u), acc, need, c, inc);
+            const u32 at2 = (u32)__ffs((int)hit2) - 1u;
+            return {32u * grp + 31u - at2, __shfl_sync(0xffffffffu, acc + inc - c, at2),
+                    __shfl_sync(0xffffffffu, c, at2), hit2 != 0};
+        }
+        acc += __shfl_sync(0xffffffffu, inc, 31);
+    }
+    return {0u, 0u, 0u, false};
+}
+
+// The stream path's finish over the buffer's nbuf keys: those above bin b0 go
+// out, b0's (cnt of them) are copied behind the buffer and counted in sub by
+// level 1's digit. After the one barrier every warp finds level 1's bin on its
+// own (the radix-style level took five barriers); the levels below run only
+// when that bin does not decide the need best.
+template <u32 NT>
+__device__ __forceinline__ void stream_finish(const StreamLayout& l, u32* sub, u32 nbuf, u32 b0,
+                                              u32 need, u32 cnt, const DestSink& dest) {
+    StagedSmem& sm = *l.sm;
+    u32* const b0_bits = l.bits + nbuf;
+    u32* const b0_idx = l.idx + nbuf;
+    const u32 sub_at = smem_addr(sub), groups_at = sub_at + 4u * STREAM_SUB_BINS;
+    staged_split<NT>(
+        nbuf, b0,
+        [&](u32 j, u32& bits, u32& idx) {
+            bits = l.bits[j];
+            idx = l.idx[j];
+        },
+        b0_bits, b0_idx, cnt, dest, sm,
+        [&](u32 bits) {
+            const u32 digit = (staged_key(bits) >> 8) & (STREAM_SUB_BINS - 1u);
+            stream_count(sub_at, digit, true);
+            stream_count(groups_at, digit >> 5, true);
+        });
+    __syncthreads();  // b0's list and its level-1 counts are complete
+    const u32 m = min(sm.n_cand, cnt);
+    u64 prefix = b0;  // selected: key >> shift >= prefix
+    u32 shift = 52u;
+    if (m != need) {
+        const SubHit h = warp_find_sub(sub, sub + STREAM_SUB_BINS, need);
+        if (h.found) {
+            prefix = ((u64)b0 << 12) | h.bin;
+            shift = 40u;
+            need -= h.above;
+            if (h.cnt != need)
+                staged_refine_levels<NT>(b0_bits, b0_idx, m, 2, need, prefix, shift, sm);
+        } else {
+            staged_refine_levels<NT>(b0_bits, b0_idx, m, 1, need, prefix, shift, sm);
+        }
+    }
+    staged_emit_selected<NT>(b0_bits, b0_idx, m, prefix, shift, dest, sm);
+}
+
 template <u32 NT, int U>
 __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     DenseSource g;
@@ -1468,6 +1585,9 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     StagedSmem& sm = *l.sm;
     const u32 k = p.topk, t = threadIdx.x;
     for (u32 b = t; b < STAGED_BINS; b += NT) sm.hist[b] = 0;
+    u32* const sub = stream_sub(topk_dsm);
+    if (p.stage_cap != 0)
+        for (u32 b = t; b < STREAM_SUB_BINS + STREAM_SUB_GROUPS; b += NT) sub[b] = 0;
     if (t == 0) {
         sm.n_hits = 0;
         sm.out_n = 0;
@@ -1567,6 +1687,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     }
     // b0 = res_bin over every key; the buffer holds every key at or above it,
     // and b0's (exactly cnt: every key of b0 was kept) are copied behind it.
+    if (p.stage_cap != 0) {
+        stream_finish<NT>(l, sub, nbuf, sm.res_bin, k - sm.res_above, cnt, d);
+        return;
+    }
     staged_split_refine<NT>(
         nbuf, sm.res_bin, k - sm.res_above,
         [&](u32 j, u32& bits, u32& idx) {

@@ -26,6 +26,8 @@ pub struct DeviceModules {
     /// Dynamic shared memory one CTA may take (the opt-in limit every
     /// function was given at load).
     pub shared_opt_in: u32,
+    /// Shared memory of one SM: what the CTAs resident on it share.
+    pub shared_per_sm: u32,
     /// Device address of the status record kernels report refused input in
     /// ([`STATUS_BYTES`], zeroed here; the indexer's page-id faults). One per
     /// device, so it stays valid in captured graphs and is never shared with
@@ -256,6 +258,11 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
         ordinal,
         sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
     )?;
+    let shared_per_sm = attribute(
+        dev,
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+    )?;
     with_context(context, || {
         // Arch-specific modules load only where their target runs; their
         // kernels stay null elsewhere and launches of them are refused.
@@ -283,6 +290,7 @@ fn load_all(ordinal: u32) -> Result<DeviceModules> {
         compute_capability: info.compute_capability,
         multiprocessors: info.multiprocessors,
         shared_opt_in: opt_in_shared,
+        shared_per_sm,
         status,
         functions,
     })

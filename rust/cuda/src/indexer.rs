@@ -40,6 +40,8 @@ const PREFILL_TOKENS: u32 = 512;
 const PREFILL_ROWS: u32 = 64;
 const TOPK_THREADS: u32 = 1024;
 const TOPK_STREAM_THREADS: u32 = 512;
+/// The stream kernel's CTAs an SM (its launch bounds; 64 registers a thread).
+const TOPK_STREAM_CTAS: u32 = 2;
 /// The wgmma scorers (kernels/indexer_wgmma.cu): one warpgroup per CTA.
 const WGMMA_THREADS: u32 = 128;
 /// K ring depth of the decode and prefill wgmma scorers (WG_*_STAGES).
@@ -279,6 +281,11 @@ fn select_kernel(per: u32) -> Kernel {
 const TOPK_STAGED_SMEM: u32 = 16560; // StagedSmem
 const TOPK_GENERAL_SMEM: u32 = 41240; // TopkSmem, the general paths
 const STAGED_HIT_MAX: u32 = 8192;
+/// The stream kernel's level-1 refine counts: 4096 bins and their sums by 32.
+const TOPK_STREAM_SUB_BINS: u32 = 4096;
+const TOPK_STREAM_SUB_SMEM: u32 = 4 * (TOPK_STREAM_SUB_BINS + TOPK_STREAM_SUB_BINS / 32);
+/// Shared memory the driver reserves for each CTA (sm_80 and later).
+const SHARED_RESERVED_PER_CTA: u32 = 1024;
 
 /// Dynamic shared memory of a top-k kernel whose stage holds `stage_cap`
 /// candidates (raw fp32 bits, or 16-bit key prefixes) and whose hit list holds
@@ -318,10 +325,12 @@ pub fn topk_stage(raw: bool, topk: u32, candidates: u32, opt_in: u32) -> TopkSta
     TopkStage { stage_cap: candidates, hit_cap, shared_bytes }
 }
 
-/// Dynamic shared memory of the stream kernel with a `cap`-entry buffer
-/// (mirrors `stream_bytes` in kernels/indexer_topk.cu).
-pub fn topk_stream_shared_bytes(cap: u32) -> u32 {
-    (TOPK_STAGED_SMEM + 8 * cap).max(TOPK_GENERAL_SMEM)
+/// Dynamic shared memory of the stream kernel with a `cap`-entry buffer, and
+/// the level-1 counts where `sub` (mirrors `stream_bytes` in
+/// kernels/indexer_topk.cu).
+pub fn topk_stream_shared_bytes(cap: u32, sub: bool) -> u32 {
+    let sub_bytes = if sub { TOPK_STREAM_SUB_SMEM } else { 0 };
+    (TOPK_STAGED_SMEM + sub_bytes + 8 * cap).max(TOPK_GENERAL_SMEM)
 }
 
 /// The stream kernel's buffer (in `hit_cap`): 5 topk + 1024 entries, 1.3-1.6x
@@ -331,10 +340,25 @@ pub fn topk_stream_shared_bytes(cap: u32) -> u32 {
 /// end the keys of the k-th key's bin are copied behind the kept ones; a row
 /// whose keys and that copy do not fit takes the radix path. Shrunk to fit
 /// `opt_in` bytes; none below topk + 512.
-pub fn topk_stream_stage(topk: u32, opt_in: u32) -> Option<TopkStage> {
+///
+/// Where the whole buffer and level 1's counts of the refine of that bin
+/// (`stage_cap` = their 4096 bins, 16.5 KiB) still leave an SM its two CTAs
+/// (both H100 and H200 at top-512 and top-1024), the kernel counts level 1
+/// as it copies the bin's keys and decides it without a barrier; else
+/// (`stage_cap` 0: top-2048 on Hopper, sm_120) it counts level 1 after one.
+pub fn topk_stream_stage(topk: u32, opt_in: u32, per_sm: u32) -> Option<TopkStage> {
+    let full = 5 * topk + 1024;
+    let with_sub = topk_stream_shared_bytes(full, true);
+    if with_sub <= opt_in && TOPK_STREAM_CTAS * (with_sub + SHARED_RESERVED_PER_CTA) <= per_sm {
+        return Some(TopkStage {
+            stage_cap: TOPK_STREAM_SUB_BINS,
+            hit_cap: full,
+            shared_bytes: with_sub,
+        });
+    }
     let room = (opt_in.saturating_sub(TOPK_STAGED_SMEM) / 8) & !3;
-    let cap = (5 * topk + 1024).min(room);
-    let shared_bytes = topk_stream_shared_bytes(cap);
+    let cap = full.min(room);
+    let shared_bytes = topk_stream_shared_bytes(cap, false);
     (cap >= topk + 512 && shared_bytes <= opt_in).then_some(TopkStage {
         stage_cap: 0,
         hit_cap: cap,
@@ -352,9 +376,10 @@ pub fn topk_fold_kernel(
     candidates: u32,
     sms: u32,
     opt_in: u32,
+    per_sm: u32,
 ) -> (Kernel, TopkStage) {
     if rows > sms {
-        if let Some(stage) = topk_stream_stage(topk, opt_in) {
+        if let Some(stage) = topk_stream_stage(topk, opt_in, per_sm) {
             return (Kernel::IndexerTopkStream, stage);
         }
     }
@@ -672,7 +697,8 @@ impl LaunchRecipe {
         let (sms, opt_in) = (plan.multiprocessors(), modules.shared_opt_in);
         let (topk, s) = (plan.caps().topk, plan.supertile());
         // Candidates per fold CTA: the carry + the chunk.
-        let fold = |rows| topk_fold_kernel(rows, topk, topk + s, sms, opt_in);
+        let fold =
+            |rows| topk_fold_kernel(rows, topk, topk + s, sms, opt_in, modules.shared_per_sm);
         Ok(LaunchRecipe {
             status: modules.status,
             multiprocessors: sms,
@@ -1118,6 +1144,8 @@ mod tests {
             ("PREFILL_ROWS", PREFILL_ROWS as u64),
             ("TOPK_THREADS", TOPK_THREADS as u64),
             ("TOPK_STREAM_THREADS", TOPK_STREAM_THREADS as u64),
+            ("TOPK_STREAM_CTAS", TOPK_STREAM_CTAS as u64),
+            ("STREAM_SUB_BINS", TOPK_STREAM_SUB_BINS as u64),
             ("STAGED_HIT_MAX", STAGED_HIT_MAX as u64),
             ("WG_THREADS", WGMMA_THREADS as u64),
             ("WG_DECODE_STAGES", WGMMA_DECODE_STAGES as u64),
@@ -1242,35 +1270,54 @@ mod tests {
     #[test]
     fn topk_stages_fit_the_device_and_fall_back_to_the_general_paths() {
         const H200: u32 = 232448; // 227 KiB opt-in
+        const H200_SM: u32 = 233472; // 228 KiB an SM
         const SM120: u32 = 101376; // 99 KiB opt-in
-                                   // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
-        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200);
+        const SM120_SM: u32 = 102400; // 100 KiB an SM
+                                      // decode rows of 32768 + a 512 carry: raw stage, 2048 hits
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 132, H200, H200_SM);
         assert_eq!(k, Kernel::IndexerTopkFold);
         assert_eq!(st, TopkStage { stage_cap: 33280, hit_cap: 2048, shared_bytes: 174256 });
-        // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024
-        let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200);
+        // more rows than SMs: the stream kernel, its buffer at 5 topk + 1024,
+        // with level 1's counts
+        let (k, st) = topk_fold_kernel(4096, 512, 512 + 32768, 132, H200, H200_SM);
         assert_eq!(k, Kernel::IndexerTopkStream);
         assert_eq!(
             st,
-            TopkStage { stage_cap: 0, hit_cap: 3584, shared_bytes: TOPK_STAGED_SMEM + 8 * 3584 }
+            TopkStage {
+                stage_cap: TOPK_STREAM_SUB_BINS,
+                hit_cap: 3584,
+                shared_bytes: TOPK_STAGED_SMEM + TOPK_STREAM_SUB_SMEM + 8 * 3584
+            }
         );
         assert_eq!(topk_block(k), TOPK_STREAM_THREADS);
-        // (two CTAs run per SM, a register limit; the buffer would allow four)
-        assert!(4 * (st.shared_bytes + 1024) <= 233472, "four CTAs' shared memory fits an SM");
+        let two_ctas = |st: TopkStage, per_sm| 2 * (st.shared_bytes + 1024) <= per_sm;
+        assert!(two_ctas(st, H200_SM));
+        // top-1024 keeps them too; top-2048's whole buffer and them would
+        // leave one CTA an SM: the buffer alone
+        let st = topk_stream_stage(1024, H200, H200_SM).unwrap();
+        assert_eq!((st.stage_cap, st.hit_cap), (TOPK_STREAM_SUB_BINS, 6144));
+        assert!(two_ctas(st, H200_SM));
+        let st = topk_stream_stage(2048, H200, H200_SM).unwrap();
+        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 11264, shared_bytes: 106672 });
+        assert!(two_ctas(st, H200_SM));
+        // sm_120: two CTAs of the buffer alone at top-512
+        let st = topk_stream_stage(512, SM120, SM120_SM).unwrap();
+        assert_eq!((st.stage_cap, st.hit_cap), (0, 3584));
+        assert!(two_ctas(st, SM120_SM));
         // shrunk to fit 99 KiB; the radix path's own shared memory at least
-        let st = topk_stream_stage(2048, SM120).unwrap();
+        let st = topk_stream_stage(2048, SM120, SM120_SM).unwrap();
         assert_eq!(st.hit_cap, ((SM120 - TOPK_STAGED_SMEM) / 8) & !3);
-        assert!(st.shared_bytes <= SM120);
-        let st = topk_stream_stage(512, 41240).unwrap();
-        assert_eq!((st.hit_cap, st.shared_bytes), (3084, 41240));
-        assert_eq!(topk_stream_stage(512, 41000), None);
-        assert_eq!(topk_stream_stage(2048, 30000), None);
+        assert!(st.stage_cap == 0 && st.shared_bytes <= SM120);
+        let st = topk_stream_stage(512, 41240, H200_SM).unwrap();
+        assert_eq!(st, TopkStage { stage_cap: 0, hit_cap: 3084, shared_bytes: 41240 });
+        assert_eq!(topk_stream_stage(512, 41000, H200_SM), None);
+        assert_eq!(topk_stream_stage(2048, 30000, H200_SM), None);
         // the prefix stage, two CTAs per SM, where the raw one does not fit
         let st = topk_stage(false, 512, 512 + 32768, H200);
         assert_eq!(st.shared_bytes, TOPK_STAGED_SMEM + 12 * 2048 + 2 * 33280);
         assert!(2 * (st.shared_bytes + 1024) <= 233472);
         // 99 KiB: the raw stage does not fit; the prefix one does with a shorter list
-        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 188, SM120);
+        let (k, st) = topk_fold_kernel(64, 512, 512 + 32768, 188, SM120, SM120_SM);
         assert_eq!(k, Kernel::IndexerTopkFoldPrefix);
         assert_eq!(st.hit_cap, 1520);
         assert!(st.shared_bytes <= SM120);
