@@ -299,6 +299,8 @@ pub fn topk_shared_bytes(raw: bool, hit_cap: u32, stage_cap: u32) -> u32 {
 /// shared memory, or none (stage_cap 0: the general paths only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TopkStage {
+    /// The staged kernels: candidates staged. The stream kernel, which stages
+    /// none: its level-1 refine bins, or 0 (see `topk_stream_stage`).
     pub stage_cap: u32,
     pub hit_cap: u32,
     pub shared_bytes: u32,
@@ -367,7 +369,7 @@ pub fn topk_stream_stage(topk: u32, opt_in: u32, per_sm: u32) -> Option<TopkStag
 }
 
 /// The fold kernel for `rows` rows of `candidates` positions each. More rows
-/// than SMs: the stream kernel (one read, no stage, two CTAs per SM).
+/// than SMs: the stream kernel (one read, no candidate stage, two CTAs per SM).
 /// Else, each row on an SM of its own: the raw fp32 stage, else the 16-bit
 /// prefix stage (half the shared memory), else the general paths.
 pub fn topk_fold_kernel(
