@@ -1052,7 +1052,7 @@ __device__ __forceinline__ bool staged_threshold(const StagedLayout& l, u32 npos
 }
 
 // The refine's digits below b0's 12 bits: level 1 is bits 51..40 of the key.
-__device__ __forceinline__ u32 refine_width(int lvl) { return (lvl == 2 || lvl == 5) ? 8u : 12u; }
+__host__ __device__ constexpr u32 refine_width(int lvl) { return (lvl == 2 || lvl == 5) ? 8u : 12u; }
 
 // Levels lvl0.. of the refine over (vals, idxs)[0, m): narrows (prefix, shift)
 // until the need best keys are exactly those with key >> shift >= prefix.
@@ -1258,10 +1258,13 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 // and every key at or above the final k-th bin b0 was counted, so the
 // histogram's counts from b0 up are exact: b0, the keys above it and its own
 // count come out as from a full count. The buffer's keys above b0 are in;
-// b0's are copied behind them and refined as the staged path refines them.
-// The shared memory is the histogram and the buffer (45 KB for top-512), so
-// two CTAs share an SM (the register file's limit at 64 registers) and one's
-// reads overlap the other's barriers. What the buffer cannot decide (a full
+// b0's are copied behind them and refined as the staged path refines them,
+// except that where shared memory allows (stream_counts_level1), the first
+// refine level is counted during that copy and found without its barriers.
+// The shared memory is the histogram, those level-1 counts and the buffer
+// (44.2 KiB for top-512 without the counts, 60.7 KiB with them), so two CTAs
+// share an SM (the register file's limit at 64 registers) and one's reads
+// overlap the other's barriers. What the buffer cannot decide (a full
 // buffer, +inf or a positive NaN, fewer than k numbers) goes to the radix
 // path over the same candidates, from global memory. Variants measured:
 // bench-results/h200/indexer-round17-notes.md.
@@ -1301,6 +1304,14 @@ __device__ __forceinline__ void stream_count(u32 hist_at, u32 bin, bool on) {
 #define STREAM_SUB_BINS 4096u
 #define STREAM_SUB_GROUPS (STREAM_SUB_BINS / 32u)
 #define STREAM_SUB_BYTES (4u * (STREAM_SUB_BINS + STREAM_SUB_GROUPS))
+// The 64-bit key's shift below level 1's digit (52: below b0's 12 bits).
+#define STREAM_SUB_SHIFT (52u - refine_width(1))
+static_assert(STREAM_SUB_BINS == 1u << refine_width(1), "level 1's digit fills the bins");
+
+// Whether the launcher gave the stream kernel the level-1 counts.
+__device__ __forceinline__ bool stream_counts_level1(const TopkParams& p) {
+    return p.stage_cap != 0;
+}
 
 // Dynamic shared memory: StagedSmem, the level-1 bins and groups where sub,
 // then the buffer's bits and indices [hit_cap] each; TopkSmem overlays it for
@@ -1315,7 +1326,7 @@ __device__ __forceinline__ u32* stream_sub(u8* dsm) {
 }
 
 __device__ __forceinline__ StreamLayout stream_layout(u8* dsm, const TopkParams& p) {
-    const bool sub = p.stage_cap != 0;
+    const bool sub = stream_counts_level1(p);
     if (dynamic_smem_bytes() < stream_bytes(p.hit_cap, sub) || (sub && p.stage_cap != STREAM_SUB_BINS))
         __trap();  // sized wrong by the launcher
     StreamLayout l;
@@ -1552,7 +1563,7 @@ __device__ __forceinline__ void stream_finish(const StreamLayout& l, u32* sub, u
         },
         b0_bits, b0_idx, cnt, dest, sm,
         [&](u32 bits) {
-            const u32 digit = (staged_key(bits) >> 8) & (STREAM_SUB_BINS - 1u);
+            const u32 digit = (staged_key(bits) >> (STREAM_SUB_SHIFT - 32u)) & (STREAM_SUB_BINS - 1u);
             stream_count(sub_at, digit, true);
             stream_count(groups_at, digit >> 5, true);
         });
@@ -1563,8 +1574,8 @@ __device__ __forceinline__ void stream_finish(const StreamLayout& l, u32* sub, u
     if (m != need) {
         const SubHit h = warp_find_sub(sub, sub + STREAM_SUB_BINS, need);
         if (h.found) {
-            prefix = ((u64)b0 << 12) | h.bin;
-            shift = 40u;
+            prefix = ((u64)b0 << refine_width(1)) | h.bin;
+            shift = STREAM_SUB_SHIFT;
             need -= h.above;
             if (h.cnt != need)
                 staged_refine_levels<NT>(b0_bits, b0_idx, m, 2, need, prefix, shift, sm);
@@ -1586,7 +1597,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     const u32 k = p.topk, t = threadIdx.x;
     for (u32 b = t; b < STAGED_BINS; b += NT) sm.hist[b] = 0;
     u32* const sub = stream_sub(topk_dsm);
-    if (p.stage_cap != 0)
+    if (stream_counts_level1(p))
         for (u32 b = t; b < STREAM_SUB_BINS + STREAM_SUB_GROUPS; b += NT) sub[b] = 0;
     if (t == 0) {
         sm.n_hits = 0;
@@ -1687,7 +1698,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     }
     // b0 = res_bin over every key; the buffer holds every key at or above it,
     // and b0's (exactly cnt: every key of b0 was kept) are copied behind it.
-    if (p.stage_cap != 0) {
+    if (stream_counts_level1(p)) {
         stream_finish<NT>(l, sub, nbuf, sm.res_bin, k - sm.res_above, cnt, d);
         return;
     }
