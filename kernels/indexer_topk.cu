@@ -778,7 +778,7 @@ struct alignas(16) StagedSmem {  // the stage and lists after it take 16-byte ac
     u32 n_cand;  // the staged path's candidates; both paths' list of b0's keys
     u32 out_n;
     u32 top_bin;    // the stream path: the highest bin counted so far
-    u32 n_counted;  // the stream path: the keys counted so far
+    u32 n_counted;  // the stream path: the keys counted so far, bin 0's too
     u32 bound;      // the stream path: the latest bound published between barriers
 };
 
@@ -1457,7 +1457,8 @@ __device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k) {
     if (threadIdx.x < 32) {
         const u32 lane = threadIdx.x;
         const u32 top = sm.top_bin;
-        u32 total = sm.n_counted;
+        // Only the first round counts into bin 0: its non-candidates.
+        u32 total = sm.n_counted - sm.hist[0];
         if (total >= k) {
             bool found = false;
             u32 acc = 0;  // keys in the bins above this step's
@@ -1656,19 +1657,20 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         // The first round is counted in full, then kept above its bound.
         const bool first = it == 0 && g.n_carry == 0;
         if (first) {
-            u32 top = 0, n = 0;
+            u32 top = 0;
 #pragma unroll
             for (int q = 0; q < 4 * U; ++q) {
                 const u32 bin = staged_bin(w[q]);
-                // Non-candidates count too, in bin 0 (n leaves them out, and
-                // every bound is at least STAGED_FIRST_NUMBER_BIN, so no bound
-                // lands on bin 0): an unpredicated increment leaves ptxas one
-                // ATOMS, where the predicated one took a branch around it.
+                // Non-candidates count too, in bin 0, which stream_bound takes
+                // off the total (every bound is at least
+                // STAGED_FIRST_NUMBER_BIN, so none lands on bin 0): an
+                // unpredicated increment leaves ptxas one ATOMS, where the
+                // predicated one took a branch around it, and counting the
+                // candidates a key took three instructions.
                 stream_count(l.hist_at, bin, true);
-                n += bin != 0 ? 1u : 0u;
                 top = max(top, bin);
             }
-            stream_counted(sm, top, n);
+            stream_counted(sm, top, 4u * U);
             bound = stream_bound<NT>(sm, k);
         } else {
             bound = max(bound, *(volatile u32*)&sm.bound);  // the latest published
