@@ -415,6 +415,22 @@ def test_more_rows_than_multiprocessors(topk, supertile):
     assert sorted(out[9].tolist()) == list(range(PAGE, PAGE + topk))  # ties: the lowest live
 
 
+# The stream kernel over several rounds of a row (8192 keys a round): rows
+# ending in each round and on its edges, and non-candidates (two unmapped
+# pages) in the second round, which the first bound counts.
+@pytest.mark.parametrize("topk", [512, 2048])
+def test_stream_rows_over_several_rounds(topk):
+    width = 400  # 25600 K rows: four rounds
+    rows = torch.cuda.get_device_properties(0).multi_processor_count + 37
+    cycle = [width * PAGE, 8192, 8193, 12000, 16384, 16385, 20000, 0, 1, topk, 24577]
+    lengths = [cycle[r % len(cycle)] for r in range(rows)]
+    unmapped = ((0, 130), (0, 250))  # tokens 8320-8383 and 16000-16063
+    inputs = make_case(rows, 16, width, lengths, mode="prefill", unmapped=unmapped, seed=topk + 5)
+    plan, out, sc = run_case(inputs, topk, mode="prefill")
+    assert plan.max_chunks == 1
+    check(inputs, topk, out, sc)
+
+
 @pytest.mark.parametrize("mode", ["decode", "prefill"])
 @pytest.mark.parametrize("heads", [16, 20, 48, 64])  # 20: padded to 32 with zero Q and weights
 def test_scorer_logits_match_reference_per_flavor(mode, heads):
