@@ -1545,24 +1545,30 @@ __device__ __forceinline__ SubHit warp_find_sub(const u32* sub, const u32* group
 }
 
 // The stream path's finish over the buffer's nbuf keys: those above bin b0 go
-// out, b0's (cnt of them) are copied behind the buffer and counted in sub by
-// level 1's digit. After the one barrier every warp finds level 1's bin on its
-// own (the radix-style level took five barriers); the levels below run only
-// when that bin does not decide the need best.
+// out and b0's (cnt of them) are copied behind the buffer. Without the
+// level-1 counts they are refined as the staged path refines them. With them,
+// the copy counts each in sub by level 1's digit; after the one barrier every
+// warp finds level 1's bin on its own (the radix-style level took five
+// barriers), and the levels below run only when that bin does not decide the
+// need best.
 template <u32 NT>
-__device__ __forceinline__ void stream_finish(const StreamLayout& l, u32* sub, u32 nbuf, u32 b0,
-                                              u32 need, u32 cnt, const DestSink& dest) {
+__device__ __forceinline__ void stream_finish(const StreamLayout& l, const TopkParams& p, u32 nbuf,
+                                              u32 b0, u32 need, u32 cnt, const DestSink& dest) {
     StagedSmem& sm = *l.sm;
     u32* const b0_bits = l.bits + nbuf;
     u32* const b0_idx = l.idx + nbuf;
+    const auto load = [&](u32 j, u32& bits, u32& idx) {
+        bits = l.bits[j];
+        idx = l.idx[j];
+    };
+    if (!stream_counts_level1(p)) {
+        staged_split_refine<NT>(nbuf, b0, need, load, b0_bits, b0_idx, cnt, dest, sm);
+        return;
+    }
+    u32* const sub = stream_sub(topk_dsm);
     const u32 sub_at = smem_addr(sub), groups_at = sub_at + 4u * STREAM_SUB_BINS;
     staged_split<NT>(
-        nbuf, b0,
-        [&](u32 j, u32& bits, u32& idx) {
-            bits = l.bits[j];
-            idx = l.idx[j];
-        },
-        b0_bits, b0_idx, cnt, dest, sm,
+        nbuf, b0, load, b0_bits, b0_idx, cnt, dest, sm,
         [&](u32 bits) {
             const u32 digit = (staged_key(bits) >> (STREAM_SUB_SHIFT - 32u)) & (STREAM_SUB_BINS - 1u);
             stream_count(sub_at, digit, true);
@@ -1597,9 +1603,8 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     StagedSmem& sm = *l.sm;
     const u32 k = p.topk, t = threadIdx.x;
     for (u32 b = t; b < STAGED_BINS; b += NT) sm.hist[b] = 0;
-    u32* const sub = stream_sub(topk_dsm);
     if (stream_counts_level1(p))
-        for (u32 b = t; b < STREAM_SUB_BINS + STREAM_SUB_GROUPS; b += NT) sub[b] = 0;
+        for (u32 b = t; b < STREAM_SUB_BINS + STREAM_SUB_GROUPS; b += NT) stream_sub(topk_dsm)[b] = 0;
     if (t == 0) {
         sm.n_hits = 0;
         sm.out_n = 0;
@@ -1700,17 +1705,7 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     }
     // b0 = res_bin over every key; the buffer holds every key at or above it,
     // and b0's (exactly cnt: every key of b0 was kept) are copied behind it.
-    if (stream_counts_level1(p)) {
-        stream_finish<NT>(l, sub, nbuf, sm.res_bin, k - sm.res_above, cnt, d);
-        return;
-    }
-    staged_split_refine<NT>(
-        nbuf, sm.res_bin, k - sm.res_above,
-        [&](u32 j, u32& bits, u32& idx) {
-            bits = l.bits[j];
-            idx = l.idx[j];
-        },
-        l.bits + nbuf, l.idx + nbuf, cnt, d, sm);
+    stream_finish<NT>(l, p, nbuf, sm.res_bin, k - sm.res_above, cnt, d);
 }
 
 // Grid (rows, slices): the top-k of one slice of this chunk's logits. The
