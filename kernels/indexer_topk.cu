@@ -1593,6 +1593,47 @@ __device__ __forceinline__ void stream_finish(const StreamLayout& l, const TopkP
     staged_emit_selected<NT>(b0_bits, b0_idx, m, prefix, shift, dest, sm);
 }
 
+// Round it's keys from its loads f (key q: group q / 4, element q % 4); keys
+// past the row's end (and the zeros of loads never issued) become
+// non-candidates.
+template <u32 NT, int U>
+__device__ __forceinline__ void stream_round_keys(const float4 (&f)[U], u32 it, u32 n,
+                                                  u32 (&w)[4 * U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        w[4 * u + 0] = __float_as_uint(f[u].x);
+        w[4 * u + 1] = __float_as_uint(f[u].y);
+        w[4 * u + 2] = __float_as_uint(f[u].z);
+        w[4 * u + 3] = __float_as_uint(f[u].w);
+    }
+    if (4 * (it + 1) * NT * U > n) {  // the row ends in this round
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 gi = it * NT * U + u * NT + threadIdx.x;
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (4 * gi + e >= n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
+        }
+    }
+}
+
+// Counts every key of w; returns the highest bin. Non-candidates count too,
+// in bin 0, which stream_bound takes off the total (every bound is at least
+// STAGED_FIRST_NUMBER_BIN, so none lands on bin 0): an unpredicated increment
+// leaves ptxas one ATOMS, where the predicated one took a branch around it,
+// and counting the candidates a key took three instructions.
+template <int S>
+__device__ __forceinline__ u32 stream_count_all(const StreamLayout& l, const u32 (&w)[S]) {
+    u32 top = 0;
+#pragma unroll
+    for (int q = 0; q < S; ++q) {
+        const u32 bin = staged_bin(w[q]);
+        stream_count(l.hist_at, bin, true);
+        top = max(top, bin);
+    }
+    return top;
+}
+
 template <u32 NT, int U>
 __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     DenseSource g;
@@ -1641,41 +1682,17 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
             const u32 gi = (it + 1) * NT * U + u * NT + t;
             if (gi < ng) nxt[u] = __ldcg(src + gi);
         }
-        u32 w[4 * U];  // key q: group q / 4, element q % 4
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 gi = it * NT * U + u * NT + t;
-            w[4 * u + 0] = __float_as_uint(cur[u].x);
-            w[4 * u + 1] = __float_as_uint(cur[u].y);
-            w[4 * u + 2] = __float_as_uint(cur[u].z);
-            w[4 * u + 3] = __float_as_uint(cur[u].w);
-        }
-        if (4 * (it + 1) * NT * U > g.n) {  // the row ends in this round
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const u32 gi = it * NT * U + u * NT + t;
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (4 * gi + e >= g.n) w[4 * u + e] = IDX_NOT_CANDIDATE_BITS;
-            }
-        }
-        // The first round is counted in full, then kept above its bound.
-        const bool first = it == 0 && g.n_carry == 0;
-        if (first) {
-            u32 top = 0;
-#pragma unroll
-            for (int q = 0; q < 4 * U; ++q) {
-                const u32 bin = staged_bin(w[q]);
-                // Non-candidates count too, in bin 0, which stream_bound takes
-                // off the total (every bound is at least
-                // STAGED_FIRST_NUMBER_BIN, so none lands on bin 0): an
-                // unpredicated increment leaves ptxas one ATOMS, where the
-                // predicated one took a branch around it, and counting the
-                // candidates a key took three instructions.
-                stream_count(l.hist_at, bin, true);
-                top = max(top, bin);
-            }
-            stream_counted(sm, top, 4u * U);
+        u32 w[4 * U];
+        stream_round_keys<NT, U>(cur, it, g.n, w);
+        // The first two rounds are counted in full before the first bound
+        // (the second's loads are already in nxt), then kept above it: with
+        // only the first counted, the second kept as many keys as the first.
+        const bool counted = g.n_carry == 0 && it < 2;
+        if (g.n_carry == 0 && it == 0) {
+            u32 w1[4 * U];
+            stream_round_keys<NT, U>(nxt, 1, g.n, w1);
+            const u32 top = max(stream_count_all(l, w), stream_count_all(l, w1));
+            stream_counted(sm, top, 8u * U);
             bound = stream_bound<NT>(sm, k);
         } else {
             bound = max(bound, *(volatile u32*)&sm.bound);  // the latest published
@@ -1684,12 +1701,12 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         // Key q's index from one base a round (rebuilding g.idx0 from the
         // parameters at every keep step cost the step four instructions).
         const u32 round_idx = g.idx0 + 4 * (it * NT * U + t);
-        stream_keep_round<4 * U>(l, w, tf, !first, [&](u32 q) {
+        stream_keep_round<4 * U>(l, w, tf, !counted, [&](u32 q) {
             return round_idx + (q / 4) * (4 * NT) + (q % 4);
         });
         // Later rounds take turns searching for a bound, which the others
         // take up when they next keep.
-        if (!first && it + 1 < rounds && (threadIdx.x >> 5) == it % (NT / 32))
+        if (!counted && it + 1 < rounds && (threadIdx.x >> 5) == it % (NT / 32))
             bound = stream_raise_bound(sm, k, bound);
 #pragma unroll
         for (int u = 0; u < U; ++u) cur[u] = nxt[u];
