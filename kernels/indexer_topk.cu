@@ -1593,9 +1593,9 @@ __device__ __forceinline__ void stream_finish(const StreamLayout& l, const TopkP
     staged_emit_selected<NT>(b0_bits, b0_idx, m, prefix, shift, dest, sm);
 }
 
-// Round it's keys from its loads f (key q: group q / 4, element q % 4); keys
-// past the row's end (and the zeros of loads never issued) become
-// non-candidates.
+// The keys of round `it` from its loads f (key q: group q / 4, element
+// q % 4); keys past the row's end (and the zeros of loads never issued)
+// become non-candidates.
 template <u32 NT, int U>
 __device__ __forceinline__ void stream_round_keys(const float4 (&f)[U], u32 it, u32 n,
                                                   u32 (&w)[4 * U]) {
