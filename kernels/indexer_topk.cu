@@ -1247,13 +1247,13 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 //
 // The fold for many long rows (more rows than SMs): one read of the row, no
 // stage, and most keys neither counted nor kept. The row streams in rounds of
-// NT * U float4 groups. The first round is counted in the 4096-bin histogram
-// of the top 12 key bits; the bin of the k-th key counted so far is a bound
-// below the k-th key of the whole row. From then on only keys at or above the
-// bound are counted and kept in a shared-memory buffer of (bits, index),
-// about k * (1 + 1/2 + 1/3 + ...) of them on iid rows. After every later
-// round one warp (a different one each round) raises the bound without a
-// barrier: the counts it reads mid-round are each at most the row's, so the
+// NT * U float4 groups. The first two rounds are counted in the 4096-bin
+// histogram of the top 12 key bits; the bin of the k-th key counted so far is
+// a bound below the k-th key of the whole row. Their keys at or above it are
+// kept in a shared-memory buffer of (bits, index); from then on only keys at
+// or above the bound are counted and kept, about k * (1 + 1/2 + 1/3 + ...)
+// of them on iid rows. After every later round one warp (a different one
+// each round) raises the bound without a barrier: the counts it reads mid-round are each at most the row's, so the
 // bound stays below the k-th key. Keys below a bound can never be selected,
 // and every key at or above the final k-th bin b0 was counted, so the
 // histogram's counts from b0 up are exact: b0, the keys above it and its own
@@ -1457,7 +1457,7 @@ __device__ __forceinline__ u32 stream_bound(StagedSmem& sm, u32 k) {
     if (threadIdx.x < 32) {
         const u32 lane = threadIdx.x;
         const u32 top = sm.top_bin;
-        // Only the first round counts into bin 0: its non-candidates.
+        // Only the rounds counted in full count into bin 0: their non-candidates.
         u32 total = sm.n_counted - sm.hist[0];
         if (total >= k) {
             bool found = false;
