@@ -1248,25 +1248,25 @@ __device__ __forceinline__ void topk_fold(const TopkParams& p) {
 // The fold for many long rows (more rows than SMs): one read of the row, no
 // stage, and most keys neither counted nor kept. The row streams in rounds of
 // NT * U float4 groups. The first two rounds are counted in the 4096-bin
-// histogram of the top 12 key bits; the bin of the k-th key counted so far is
-// a bound below the k-th key of the whole row. Their keys at or above it are
-// kept in a shared-memory buffer of (bits, index); from then on only keys at
-// or above the bound are counted and kept, about k * (1 + 1/2 + 1/3 + ...)
-// of them on iid rows. After every later round one warp (a different one
-// each round) raises the bound without a barrier: the counts it reads mid-round are each at most the row's, so the
-// bound stays below the k-th key. Keys below a bound can never be selected,
-// and every key at or above the final k-th bin b0 was counted, so the
-// histogram's counts from b0 up are exact: b0, the keys above it and its own
-// count come out as from a full count. The buffer's keys above b0 are in;
-// b0's are copied behind them and refined as the staged path refines them,
-// except that where shared memory allows (stream_counts_level1), the first
-// refine level is counted during that copy and found without its barriers.
-// The shared memory is the histogram, those level-1 counts and the buffer
-// (44.2 KiB for top-512 without the counts, 60.7 KiB with them), so two CTAs
-// share an SM (the register file's limit at 64 registers) and one's reads
-// overlap the other's barriers. What the buffer cannot decide (a full
-// buffer, +inf or a positive NaN, fewer than k numbers) goes to the radix
-// path over the same candidates, from global memory. Variants measured:
+// histogram of the top 12 key bits; the bin of the k-th key counted so far is a
+// bound below the k-th key of the whole row. Their keys at or above it are kept
+// in a shared-memory buffer of (bits, index); from then on only keys at or
+// above the bound are counted and kept, about k * (1 + 1/2 + 1/3 + ...) of them
+// on iid rows. After every later round one warp (a different one each round)
+// raises the bound without a barrier: the counts it reads mid-round are each at
+// most the row's, so the bound stays below the k-th key. Keys below a bound can
+// never be selected, and every key at or above the final k-th bin b0 was
+// counted, so the histogram's counts from b0 up are exact: b0, the keys above
+// it and its own count come out as from a full count. The buffer's keys above
+// b0 are in; b0's are copied behind them and refined as the staged path refines
+// them, except that where shared memory allows (stream_counts_level1), the
+// first refine level is counted during that copy and found without its
+// barriers. The shared memory is the histogram, those level-1 counts and the
+// buffer (44.2 KiB for top-512 without the counts, 60.7 KiB with them), so two
+// CTAs share an SM (the register file's limit at 64 registers) and one's reads
+// overlap the other's barriers. What the buffer cannot decide (a full buffer,
+// +inf or a positive NaN, fewer than k numbers) goes to the radix path over the
+// same candidates, from global memory. Variants measured:
 // bench-results/h200/indexer-round17-notes.md.
 
 struct StreamLayout {

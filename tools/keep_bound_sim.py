@@ -2,11 +2,12 @@
 
 The stream top-k (kernels/indexer_topk.cu, `topk_stream`) reads a row in
 rounds, keeps every key at or above its running bound, and raises the bound
-between rounds. The bound is a histogram bin's floor (the key's top 12 bits).
-This replays that rule in numpy on rows of the bench's prefill case (its own
-inputs, `make_inputs` on the CPU, and b12x's float32 reference logits), with
-the first round's bound cut to a finer grain or every bound exact, to size
-what a finer bound could save. CPU only:
+between rounds. The bound is a histogram bin's floor (the key's top 12 bits),
+first set from the rounds counted in full (two since 10a458c). This replays
+that rule in numpy on rows of the bench's prefill case (its own inputs,
+`make_inputs` on the CPU, and b12x's float32 reference logits), beside the
+rule with one round counted first, a first bound of a finer grain, and every
+bound exact, to size what each would save. CPU only:
 
     python tools/keep_bound_sim.py [--rows 6] [--json OUT]
 """
@@ -52,10 +53,10 @@ def kept(keys: np.ndarray, first_bits: int, raise_bits: int, first_rounds: int =
 
 
 RULES = {
-    "bin floor (the kernel)": (12, 12, 1),
+    "bin floor, first round counted (before 10a458c)": (12, 12, 1),
     "first bound to 20 bits, later raises by bin": (20, 12, 1),
     "exact at every round": (32, 32, 1),
-    "first two rounds counted, bin floor": (12, 12, 2),
+    "bin floor, first two rounds counted (the kernel)": (12, 12, 2),
 }
 
 
@@ -64,6 +65,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=6, help="rows spread over the case's")
     ap.add_argument("--json", help="write every row's per-round counts here")
     args = ap.parse_args()
+    if args.rows < 2:  # check_rows spreads them from the first row to the last
+        ap.error(f"--rows: expected at least 2, got {args.rows}")
     rows = check_rows(CASE.rows, args.rows)
     logits, lengths = reference_logits(make_inputs(CASE, device="cpu"), rows)
     cand = torch.arange(logits.shape[1])[None, :] < torch.tensor(lengths)[:, None]
@@ -74,7 +77,7 @@ def main() -> None:
             out[name].append(kept(keys[i, :n], first, later, head))
     for name, counts in out.items():
         totals = [sum(r) for r in counts]
-        print(f"{name:45s} mean {np.mean(totals):7.1f}  rows {totals}")
+        print(f"{name:50s} mean {np.mean(totals):7.1f}  rows {totals}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"case": CASE.name, "rows": rows, "round": ROUND, "kept": out}, f, indent=1)
