@@ -1593,6 +1593,31 @@ __device__ __forceinline__ void stream_finish(const StreamLayout& l, const TopkP
     staged_emit_selected<NT>(b0_bits, b0_idx, m, prefix, shift, dest, sm);
 }
 
+// Zeroes N words from p (16-byte aligned, N a multiple of 4) in 16-byte
+// stores, a fixed number a thread (the loop over b += NT compiled to a
+// 4-word-a-thread loop with its remainder, a 4-byte store a word).
+template <u32 NT, u32 N>
+__device__ __forceinline__ void stream_zero(u32* p) {
+    static_assert(N % 4 == 0, "whole 16-byte stores");
+    uint4* q = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (u32 j = 0; j < (N / 4 + NT - 1) / NT; ++j) {
+        const u32 i = j * NT + threadIdx.x;
+        if ((N / 4) % NT == 0 || i < N / 4) q[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// The loads of round `it` (groups it * NT * U + u * NT + this thread's),
+// zeros past the row's groups.
+template <u32 NT, int U>
+__device__ __forceinline__ void stream_load_round(const float4* src, u32 ng, u32 it, float4 (&f)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const u32 gi = it * NT * U + u * NT + threadIdx.x;
+        f[u] = gi < ng ? __ldcg(src + gi) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
 // The keys of round `it` from its loads f (key q: group q / 4, element
 // q % 4); keys past the row's end (and the zeros of loads never issued)
 // become non-candidates.
@@ -1643,9 +1668,17 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     const StreamLayout l = stream_layout(topk_dsm, p);
     StagedSmem& sm = *l.sm;
     const u32 k = p.topk, t = threadIdx.x;
-    for (u32 b = t; b < STAGED_BINS; b += NT) sm.hist[b] = 0;
-    if (stream_counts_level1(p))
-        for (u32 b = t; b < STREAM_SUB_BINS + STREAM_SUB_GROUPS; b += NT) stream_sub(topk_dsm)[b] = 0;
+    // The chunk, in rounds of NT * U groups; the next round's loads are issued
+    // before this round is looked at. Rounds 0 and 1 are asked for first, so
+    // that the zeroing and its barrier run under their latency.
+    const u32 ng = g.n_groups();
+    const float4* src = reinterpret_cast<const float4*>(g.logits);
+    const u32 rounds = max((ng + NT * U - 1) / (NT * U), 1u);
+    float4 cur[U], nxt[U];
+    stream_load_round<NT, U>(src, ng, 0, cur);
+    stream_load_round<NT, U>(src, ng, 1, nxt);
+    stream_zero<NT, STAGED_BINS>(sm.hist);
+    if (stream_counts_level1(p)) stream_zero<NT, STREAM_SUB_BINS + STREAM_SUB_GROUPS>(stream_sub(topk_dsm));
     if (t == 0) {
         sm.n_hits = 0;
         sm.out_n = 0;
@@ -1662,26 +1695,10 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
         const u32 idx = i < g.n_carry ? (u32)g.ci[i] : 0u;
         stream_keep(l, staged_bin(bits) >= STAGED_FIRST_NUMBER_BIN, bits, idx);
     }
-    // The chunk, in rounds of NT * U groups; the next round's loads are issued
-    // before this round is looked at.
-    const u32 ng = g.n_groups();
-    const float4* src = reinterpret_cast<const float4*>(g.logits);
-    const u32 rounds = max((ng + NT * U - 1) / (NT * U), 1u);
-    float4 cur[U] = {};
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const u32 gi = u * NT + t;
-        if (gi < ng) cur[u] = __ldcg(src + gi);
-    }
     // The carry's k-th key bounds the chunk's (a number's bin, or the first).
     u32 bound = g.n_carry != 0 ? stream_bound<NT>(sm, k) : STAGED_FIRST_NUMBER_BIN;
     for (u32 it = 0; it < rounds; ++it) {
-        float4 nxt[U] = {};
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 gi = (it + 1) * NT * U + u * NT + t;
-            if (gi < ng) nxt[u] = __ldcg(src + gi);
-        }
+        if (it != 0) stream_load_round<NT, U>(src, ng, it + 1, nxt);
         u32 w[4 * U];
         stream_round_keys<NT, U>(cur, it, g.n, w);
         // The first two rounds are counted in full before the first bound
