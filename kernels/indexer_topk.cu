@@ -1698,6 +1698,9 @@ __device__ __forceinline__ void topk_stream(const TopkParams& p) {
     // The carry's k-th key bounds the chunk's (a number's bin, or the first).
     u32 bound = g.n_carry != 0 ? stream_bound<NT>(sm, k) : STAGED_FIRST_NUMBER_BIN;
     for (u32 it = 0; it < rounds; ++it) {
+        // Round 1 is in nxt already. (Loading round it + 2 after the copy at
+        // the loop's end instead, with no first-round test, spills 16 bytes
+        // where this spills 4: ptxas 12.8.)
         if (it != 0) stream_load_round<NT, U>(src, ng, it + 1, nxt);
         u32 w[4 * U];
         stream_round_keys<NT, U>(cur, it, g.n, w);
