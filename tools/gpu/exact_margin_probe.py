@@ -14,9 +14,10 @@ error against one candidate bound,
     A(r, t) = scale_t * sum_h |w_rh| * sum_d |q_rhd| * |k_td|
 
 (what the FP8 accumulation's lost low bits are relative to), and counts,
-for margins rho * A with rho a multiple of the largest error ratio seen,
-the keys a row would keep: those whose fast logit plus the margin reaches
-the k-th largest of (fast - margin). Both logits come from the bench's own
+for margins rho * A with rho a multiple of the largest error ratio seen
+(and c * S, the per-step bound of bounds()), the keys a row would keep:
+those whose fast logit plus the margin reaches the k-th largest of
+(fast - margin). Both logits come from the bench's own
 inputs (`b12x bench indexer`'s make_inputs) through score-only plans, so
 nothing here times anything. Rows are sampled evenly (all of a decode case).
 """
@@ -42,6 +43,10 @@ MULTIPLES = (1, 2, 4, 8, 16, 64)
 # 2^-12 of at most A, so rho 4 * 33 * 2^-12 would bound the error if the
 # model holds; it is a model, not a documented guarantee.
 RHO_MODEL = 4 * 33 * 2.0**-12
+# Were each 32-deep step's accumulator zeroed (its sum promoted to fp32 on the
+# CUDA cores), the model's loss would be relative to the step's largest
+# product instead: margins c * S (bounds() below) for c = 2^-e.
+STEP_EXPONENTS = (6, 8, 10)
 
 
 def logits_of(case: bi.Case, inputs: tuple[torch.Tensor, ...], precision: str) -> torch.Tensor:
@@ -101,17 +106,19 @@ def probe_case(case: bi.Case, sample_rows: int) -> dict[str, Any]:
                 "kth_exact": t_exact,
                 "f": f,
                 "a": a,
+                "step": step,
                 "k": k,
             }
         )
     rho_seen = max(p["max_err_over_bound"] for p in per_row)
     kept: dict[str, dict[str, Any]] = {}
-    margins = [(f"{m}x", m * rho_seen) for m in MULTIPLES] + [("model", RHO_MODEL)]
-    for name, rho in margins:
+    margins = [(f"{m}x", "a", m * rho_seen) for m in MULTIPLES] + [("model", "a", RHO_MODEL)]
+    margins += [(f"step 2^-{e}", "step", 2.0**-e) for e in STEP_EXPONENTS]
+    for name, bound, rho in margins:
         counts = []
         for p in per_row:
-            lo = torch.topk(p["f"] - rho * p["a"], p["k"]).values[-1]
-            counts.append(int((p["f"] + rho * p["a"] >= lo).sum()))
+            lo = torch.topk(p["f"] - rho * p[bound], p["k"]).values[-1]
+            counts.append(int((p["f"] + rho * p[bound] >= lo).sum()))
         counts.sort()
         kept[name] = {
             "rho": rho,
@@ -120,7 +127,7 @@ def probe_case(case: bi.Case, sample_rows: int) -> dict[str, Any]:
             "mean": sum(counts) / len(counts),
         }
     for p in per_row:
-        del p["f"], p["a"]
+        del p["f"], p["a"], p["step"]
     return {
         "case": case.name,
         "rows_sampled": len(rows),
