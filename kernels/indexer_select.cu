@@ -63,6 +63,14 @@ __device__ __forceinline__ u32 sel_key(float v) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
+// The logit of key `k`, where the key alone gives it bit for bit; else NaN
+// (key 1: the NaN's payload) or 0 (key 0x80000000: +0 or -0), which
+// callers take from the logits instead.
+__device__ __forceinline__ bool sel_key_is_exact(u32 k) { return k != 1u && k != 0x80000000u; }
+__device__ __forceinline__ float sel_value(u32 k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
 // A candidate of a key gathered for a last selection step (pick_candidates):
 // (key << 32 | ~position) is unique per row, and the larger the better (a
 // higher key, then a lower position).
@@ -282,13 +290,23 @@ struct ThreadKeys {
     // Output slot `slot` gets row position `pos` (as a K-cache row when the
     // output is physical) and its logit.
     __device__ __forceinline__ void put(const SelectParams& p, u32 slot, u32 pos) const {
+        put_index(p, slot, pos);
+        if (out_s) out_s[slot] = lrow[pos];
+    }
+    // put() of a candidate, whose logit its key gives (no load from the
+    // logits, which another CTA read: an L2 round trip on the pick's path).
+    __device__ __forceinline__ void put_candidate(const SelectParams& p, u32 slot, u64 v) const {
+        const u32 pos = ~(u32)v, k = (u32)(v >> 32);
+        put_index(p, slot, pos);
+        if (out_s) out_s[slot] = sel_key_is_exact(k) ? sel_value(k) : lrow[pos];
+    }
+    __device__ __forceinline__ void put_index(const SelectParams& p, u32 slot, u32 pos) const {
         i32 idx = (i32)pos;
         if (p.physical) {
             const i32 pid = p.page_table[(u64)row * p.pt_row_stride + pos / IDX_PAGE_ROWS];
             idx = (i32)((u32)pid * IDX_PAGE_ROWS + pos % IDX_PAGE_ROWS);
         }
         out_i[slot] = idx;
-        if (out_s) out_s[slot] = lrow[pos];
     }
     // Writes the positions of `m` to output slots from claim(count).
     template <class Claim>
@@ -339,7 +357,7 @@ struct ThreadKeys {
             const u32 i = b + threadIdx.x;
             const u64 v = i < count ? pool[i] : 0u;
             const u32 m = i < count && (v & cmask) >= cprefix ? 1u : 0u;
-            each(m, claim, [&](u32 slot, u32) { put(p, slot, ~(u32)v); });
+            each(m, claim, [&](u32 slot, u32) { put_candidate(p, slot, v); });
         }
     }
     // Slots from..K-1 (fewer candidates than K): -1 / -inf, slot s by the
