@@ -3,23 +3,27 @@ a row would have to score again exactly if the exact top-k came from the
 fast logits plus a margin.
 
     python3 tools/gpu/exact_margin_probe.py [OUT.json] [--cases ...] [--rows N]
+    python3 tools/gpu/exact_margin_probe.py --model [--cases ...] [--rows N]
 
 The question behind it (issue 19, exact prefill over its 3000 us target
 while its f16 scorer alone takes about 3027 us): could `precision="exact"`
 score with FP8 wgmma, keep every key that the fast logits cannot rule out,
-and score only those again exactly? That is sound only if the fast error
-of key t has a bound the kernel can compute, so this probe measures the
-error against one candidate bound,
+and score only those again exactly? That is sound only if the fast error of
+key t has a bound the kernels can compute. Two candidate bounds:
 
     A(r, t) = scale_t * sum_h |w_rh| * sum_d |q_rhd| * |k_td|
+    S(r, t) = scale_t * sum_h |w_rh| * sum_s max_d |q_rhd| * max_d |k_td|
 
-(what the FP8 accumulation's lost low bits are relative to), and counts,
-for margins rho * A with rho a multiple of the largest error ratio seen
-(and c * S, the per-step bound of bounds()), the keys a row would keep:
-those whose fast logit plus the margin reaches the k-th largest of
-(fast - margin). Both logits come from the bench's own
-inputs (`b12x bench indexer`'s make_inputs) through score-only plans, so
-nothing here times anything. Rows are sampled evenly (all of a decode case).
+(S: over each 32-deep k-step s of the dot, d in s). A kept set is every key
+whose fast logit plus its margin reaches the k-th largest of (fast -
+margin). On a GPU the probe runs the bench's own inputs (`b12x bench
+indexer`'s make_inputs) through score-only plans of both precisions,
+measures the fast error against A and S, and counts the keys kept for
+margins at multiples of the largest error seen and at the model's margins
+(below). With --model (no GPU) it draws the same inputs on the CPU, takes
+the float32 reference as the fast logits (the fast error is far below the
+model's margins) and counts the keys kept for the model's margins only.
+Nothing here times anything. Rows are sampled evenly (all of a decode case).
 """
 
 from __future__ import annotations
@@ -34,22 +38,52 @@ import torch
 from b12x import _core
 from b12x.attention import dsa_indexer as di
 from b12x.bench import indexer as bi
+from b12x.bench import indexer_peers as peers
 
 MULTIPLES = (1, 2, 4, 8, 16, 64)
+STEPS = 4  # k-steps of 32 dims in a 128-deep FP8 wgmma dot
 # The public model of Hopper's FP8 MMA accumulation (DeepSeek-V3's report,
 # SageAttention's FP22 finding): products aligned to the largest exponent of
 # the step's 32 products and its accumulator, 14 bits kept, the rest
 # truncated. Each of a 128-deep dot's 4 steps then loses under 33 terms of
-# 2^-12 of at most A, so rho 4 * 33 * 2^-12 would bound the error if the
-# model holds; it is a model, not a documented guarantee.
-RHO_MODEL = 4 * 33 * 2.0**-12
-# Were each 32-deep step's accumulator zeroed (its sum promoted to fp32 on the
-# CUDA cores), the model's loss would be relative to the step's largest
-# product instead: margins c * S (bounds() below) for c = 2^-e.
-STEP_EXPONENTS = (6, 8, 10)
+# 2^-12 of at most A: margin 4 * 33 * 2^-12 * A, if the model holds (it is a
+# model, not a documented guarantee). Were each step's accumulator zeroed
+# (its sum promoted to fp32 on the CUDA cores), the loss would be relative
+# to the step's largest product instead: margins 2^-e * S.
+MODEL_MARGINS = (
+    ("model", "a", 4 * 33 * 2.0**-12),
+    ("step 2^-6", "step", 2.0**-6),
+    ("step 2^-8", "step", 2.0**-8),
+    ("step 2^-10", "step", 2.0**-10),
+)
+
+
+def kept_keys(logits: torch.Tensor, margin: torch.Tensor, k: int) -> int:
+    """How many keys could be among the k best exact ones, given logits off
+    by at most ``margin`` each."""
+    low = torch.topk(logits - margin, k).values[-1]
+    return int((logits + margin >= low).sum())
+
+
+def bounds(
+    inputs: tuple[torch.Tensor, ...], row: int, table_row: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A(row, t) and S(row, t) for the row's first n positions, in fp32
+    (|e4m3| values and their products are exact there)."""
+    q, w, kcache, table, _lengths, _aw = inputs
+    pages = table[table_row].long()
+    k = kcache[pages, :8192].view(torch.float8_e4m3fn).reshape(-1, 128)[:n].float().abs()
+    scale = kcache[pages, 8192:].contiguous().view(torch.float32).reshape(-1)[:n]
+    qa, wa = q[row].float().abs(), w[row].abs()  # [heads, 128], [heads]
+    a = (wa[:, None] * torch.matmul(qa, k.t())).sum(0) * scale
+    qmax = qa.reshape(qa.shape[0], STEPS, -1).amax(-1)  # [heads, steps]
+    kmax = k.reshape(n, STEPS, -1).amax(-1)  # [n, steps]
+    step = torch.einsum("h,hs,ts->t", wa, qmax, kmax) * scale
+    return a, step
 
 
 def logits_of(case: bi.Case, inputs: tuple[torch.Tensor, ...], precision: str) -> torch.Tensor:
+    """A score-only plan's logits of every row."""
     plan = _core.indexer_build_plan(bi.case_caps(case, precision), score_only=True)
     scratch = torch.empty((plan.nbytes,), dtype=torch.uint8, device="cuda")
     idx = torch.empty((case.rows, case.topk), dtype=torch.int32, device="cuda")
@@ -60,107 +94,94 @@ def logits_of(case: bi.Case, inputs: tuple[torch.Tensor, ...], precision: str) -
     return logits.clone()
 
 
-def bounds(
-    inputs: tuple[torch.Tensor, ...], row: int, table_row: int, n: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A(row, t), and S(row, t) = scale_t * sum_h |w_rh| * sum_s max|q_rhd| *
-    max|k_td| over each 32-deep step s of the dot (what the model's error is
-    relative to were every step's accumulator zeroed), for the row's first n
-    positions, in fp32."""
-    q, w, kcache, table, _lengths, _aw = inputs
-    pages = table[table_row].long()
-    k = kcache[pages, :8192].view(torch.float8_e4m3fn).reshape(-1, 128)[:n].float().abs()
-    s = kcache[pages, 8192:].contiguous().view(torch.float32).reshape(-1)[:n]
-    qa, wa = q[row].float().abs(), w[row].abs()  # [heads, 128], [heads]
-    a = (wa[:, None] * torch.matmul(qa, k.t())).sum(0) * s
-    qmax = qa.reshape(qa.shape[0], 4, 32).amax(-1)  # [heads, steps]
-    kmax = k.reshape(n, 4, 32).amax(-1)  # [n, steps]
-    step = torch.einsum("h,hs,ts->t", wa, qmax, kmax) * s
-    return a, step
+def sampled_rows(case: bi.Case, count: int) -> list[int]:
+    if case.rows <= count:
+        return list(range(case.rows))
+    return sorted({round(i * (case.rows - 1) / (count - 1)) for i in range(count)})
 
 
-def probe_case(case: bi.Case, sample_rows: int) -> dict[str, Any]:
-    inputs = bi.make_inputs(case)
-    exact = logits_of(case, inputs, "exact")
-    fast = logits_of(case, inputs, "fast")
+def summary(counts: list[int], rho: float) -> dict[str, Any]:
+    counts = sorted(counts)
+    return {"rho": rho, "median": counts[len(counts) // 2], "max": counts[-1]}
+
+
+def probe_case(case: bi.Case, sample: int, model: bool) -> dict[str, Any]:
+    """The case's error ratios (GPU) and keys kept a row for each margin."""
+    inputs = bi.make_inputs(case, device="cpu" if model else "cuda")
+    rows = sampled_rows(case, sample)
     lengths = case.lengths()
-    rows = list(range(case.rows))
-    if len(rows) > sample_rows:
-        rows = [round(i * (case.rows - 1) / (sample_rows - 1)) for i in range(sample_rows)]
+    if model:
+        ref, _ = peers.reference_logits(inputs, rows)
+        exact_of = fast_of = {r: ref[i] for i, r in enumerate(rows)}
+    else:
+        exact_all, fast_all = logits_of(case, inputs, "exact"), logits_of(case, inputs, "fast")
+        exact_of = {r: exact_all[r] for r in rows}
+        fast_of = {r: fast_all[r] for r in rows}
     per_row: list[dict[str, Any]] = []
     for r in rows:
         n = lengths[r]
-        e, f = exact[r, :n].double(), fast[r, :n].double()
+        e, f = exact_of[r][:n].double(), fast_of[r][:n].double()
         a, step = (b.double() for b in bounds(inputs, r, 0 if case.prefill else r, n))
         err = (f - e).abs()
-        k = min(case.topk, n)
-        t_exact = torch.topk(e, k).values[-1].item()
+        kth = torch.topk(e, min(case.topk, n)).values[-1].item()
         per_row.append(
             {
                 "row": r,
                 "n": n,
-                "max_abs_err": err.max().item(),
-                "max_err_over_bound": (err / a.clamp_min(1e-30)).max().item(),
-                "max_err_over_step_bound": (err / step.clamp_min(1e-30)).max().item(),
-                "max_err_over_kth": err.max().item() / max(abs(t_exact), 1e-30),
-                "kth_exact": t_exact,
-                "f": f,
-                "a": a,
-                "step": step,
-                "k": k,
+                "kth_exact": kth,
+                "median_a": a.median().item(),
+                "max_err_over_a": (err / a.clamp_min(1e-30)).max().item(),
+                "max_err_over_step": (err / step.clamp_min(1e-30)).max().item(),
+                "max_err_over_kth": err.max().item() / max(abs(kth), 1e-30),
+                "tensors": {"f": f, "a": a, "step": step},
             }
         )
-    rho_seen = max(p["max_err_over_bound"] for p in per_row)
-    kept: dict[str, dict[str, Any]] = {}
-    margins = [(f"{m}x", "a", m * rho_seen) for m in MULTIPLES] + [("model", "a", RHO_MODEL)]
-    margins += [(f"step 2^-{e}", "step", 2.0**-e) for e in STEP_EXPONENTS]
+    margins = list(MODEL_MARGINS)
+    if not model:
+        seen = max(p["max_err_over_a"] for p in per_row)
+        margins = [(f"{m}x", "a", m * seen) for m in MULTIPLES] + margins
+    kept = {}
     for name, bound, rho in margins:
-        counts = []
-        for p in per_row:
-            lo = torch.topk(p["f"] - rho * p[bound], p["k"]).values[-1]
-            counts.append(int((p["f"] + rho * p[bound] >= lo).sum()))
-        counts.sort()
-        kept[name] = {
-            "rho": rho,
-            "median": counts[len(counts) // 2],
-            "max": counts[-1],
-            "mean": sum(counts) / len(counts),
-        }
+        counts = [
+            kept_keys(p["tensors"]["f"], rho * p["tensors"][bound], min(case.topk, p["n"]))
+            for p in per_row
+        ]
+        kept[name] = summary(counts, rho)
     for p in per_row:
-        del p["f"], p["a"], p["step"]
-    return {
-        "case": case.name,
-        "rows_sampled": len(rows),
-        "topk": case.topk,
-        "max_err_over_bound": rho_seen,
-        "max_err_over_step_bound": max(p["max_err_over_step_bound"] for p in per_row),
-        "max_err_over_kth": max(p["max_err_over_kth"] for p in per_row),
-        "kept_keys_per_row": kept,
-        "rows": per_row,
-    }
+        del p["tensors"]
+    out: dict[str, Any] = {"case": case.name, "rows_sampled": len(rows), "topk": case.topk}
+    if not model:
+        for key in ("max_err_over_a", "max_err_over_step", "max_err_over_kth"):
+            out[key] = max(p[key] for p in per_row)
+    return {**out, "kept_keys_per_row": kept, "rows": per_row}
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", nargs="?", default="exact_margin.json")
     p.add_argument("--cases", nargs="+", default=bi.DEFAULT_CASES, choices=sorted(bi.CASES))
-    p.add_argument("--rows", type=int, default=128, help="rows sampled a case (at least 2)")
+    p.add_argument("--rows", type=int, default=64, help="rows sampled a case (at least 2)")
+    p.add_argument("--model", action="store_true", help="the model's margins on the CPU")
     args = p.parse_args(argv)
-    results = [probe_case(bi.CASES[c], max(2, args.rows)) for c in args.cases]
+    results = [probe_case(bi.CASES[c], max(2, args.rows), args.model) for c in args.cases]
     for res in results:
-        print(
-            f"{res['case']}: max |fast-exact| / A = {res['max_err_over_bound']:.3e}, "
-            f"/ S = {res['max_err_over_step_bound']:.3e}, "
-            f"/ |k-th exact| = {res['max_err_over_kth']:.3e}"
-        )
-        for m, kept in res["kept_keys_per_row"].items():
-            print(
-                f"  margin {m:>4} ({kept['rho']:.2e} A): keys kept a row median {kept['median']}, "
-                f"max {kept['max']} (top-k {res['topk']})"
+        line = f"{res['case']} ({res['rows_sampled']} rows)"
+        if not args.model:
+            line += (
+                f": max |fast-exact| / A = {res['max_err_over_a']:.3e}, "
+                f"/ S = {res['max_err_over_step']:.3e}, / |k-th| = {res['max_err_over_kth']:.3e}"
             )
+        print(line)
+        for name, kept in res["kept_keys_per_row"].items():
+            print(
+                f"  margin {name:>10} (rho {kept['rho']:.2e}): keys kept a row median "
+                f"{kept['median']}, max {kept['max']} (top-k {res['topk']})"
+            )
+    device = "cpu (model)" if args.model else torch.cuda.get_device_name()
     with open(args.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "cases": results}, fh, indent=1)
-    return 0 if all(math.isfinite(r["max_err_over_bound"]) for r in results) else 1
+        json.dump({"device": device, "cases": results}, fh, indent=1)
+    ok = args.model or all(math.isfinite(r["max_err_over_a"]) for r in results)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
