@@ -20,14 +20,18 @@ from b12x.bench import indexer_peers as peers  # noqa: E402
 TINY = bi.Case("tiny_decode", 2, 2048, prefill=False, topk=64)
 
 
+def kept_keys(logits, margin, k):
+    return int(probe.kept_mask(logits, margin, k).sum())
+
+
 def test_kept_keys_is_the_top_k_at_no_margin_and_everything_at_a_huge_one():
     logits = torch.randperm(1000).double()
     zero = torch.zeros_like(logits)
-    assert probe.kept_keys(logits, zero, 10) == 10
-    assert probe.kept_keys(logits, zero + 1e6, 10) == 1000
+    assert kept_keys(logits, zero, 10) == 10
+    assert kept_keys(logits, zero + 1e6, 10) == 1000
     # margin 1 on distinct integers: the k-th best less 1 is reached by the
     # keys down to k-th - 2, two more than the k
-    assert probe.kept_keys(logits, zero + 1.0, 10) == 12
+    assert kept_keys(logits, zero + 1.0, 10) == 12
 
 
 def test_kept_keys_holds_every_key_a_bounded_error_could_promote():
@@ -36,11 +40,14 @@ def test_kept_keys_holds_every_key_a_bounded_error_could_promote():
     margin = torch.rand(4000, generator=g, dtype=torch.float64) * 0.05
     fast = exact + (torch.rand(4000, generator=g, dtype=torch.float64) * 2 - 1) * margin
     k = 100
-    kept = probe.kept_keys(fast, margin, k)
-    low = torch.topk(fast - margin, k).values[-1]
-    kept_set = set(torch.nonzero(fast + margin >= low).flatten().tolist())
+    kept = kept_keys(fast, margin, k)
+    kept_set = set(torch.nonzero(probe.kept_mask(fast, margin, k)).flatten().tolist())
     assert len(kept_set) == kept
     assert set(torch.topk(exact, k).indices.tolist()) <= kept_set
+    # and no more than needs be: each kept key could still pass the k-th
+    # best of (fast - margin)
+    low = torch.topk(fast - margin, k).values[-1]
+    assert all(float(fast[t] + margin[t]) >= float(low) for t in kept_set)
 
 
 def test_the_bounds_hold_the_reference_logits():

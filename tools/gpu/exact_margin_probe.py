@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from b12x import _core
 from b12x.attention import dsa_indexer as di
+from b12x.attention.dsa_indexer import reference
 from b12x.bench import indexer as bi
 from b12x.bench import indexer_peers as peers
 
@@ -58,11 +59,11 @@ MODEL_MARGINS = (
 )
 
 
-def kept_keys(logits: torch.Tensor, margin: torch.Tensor, k: int) -> int:
-    """How many keys could be among the k best exact ones, given logits off
+def kept_mask(logits: torch.Tensor, margin: torch.Tensor, k: int) -> torch.Tensor:
+    """The keys that could be among the k best exact ones, given logits off
     by at most ``margin`` each."""
     low = torch.topk(logits - margin, k).values[-1]
-    return int((logits + margin >= low).sum())
+    return logits + margin >= low
 
 
 def bounds(
@@ -71,9 +72,9 @@ def bounds(
     """A(row, t) and S(row, t) for the row's first n positions, in fp32
     (|e4m3| values and their products are exact there)."""
     q, w, kcache, table, _lengths, _aw = inputs
-    pages = table[table_row].long()
-    k = kcache[pages, :8192].view(torch.float8_e4m3fn).reshape(-1, 128)[:n].float().abs()
-    scale = kcache[pages, 8192:].contiguous().view(torch.float32).reshape(-1)[:n]
+    k_fp8, scales = reference.unpack_index_k_cache(kcache[table[table_row].long()])
+    k = k_fp8.float().reshape(-1, k_fp8.shape[-1])[:n].abs()
+    scale = scales.reshape(-1)[:n]
     qa, wa = q[row].float().abs(), w[row].abs()  # [heads, 128], [heads]
     a = (wa[:, None] * torch.matmul(qa, k.t())).sum(0) * scale
     qmax = qa.reshape(qa.shape[0], STEPS, -1).amax(-1)  # [heads, steps]
@@ -130,10 +131,10 @@ def probe_case(case: bi.Case, sample: int, model: bool) -> dict[str, Any]:
         margins = [(f"{m}x", "a", m * seen) for m in MULTIPLES] + margins
     kept = {}
     for name, bound, rho in margins:
-        counts = [
-            kept_keys(p["tensors"]["f"], rho * p["tensors"][bound], min(case.topk, p["n"]))
-            for p in per_row
-        ]
+        counts = []
+        for p in per_row:
+            t = p["tensors"]
+            counts.append(int(kept_mask(t["f"], rho * t[bound], min(case.topk, p["n"])).sum()))
         kept[name] = summary(counts, rho)
     for p in per_row:
         del p["tensors"]
