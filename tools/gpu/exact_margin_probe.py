@@ -112,32 +112,30 @@ def probe_case(case: bi.Case, sample: int, model: bool) -> dict[str, Any]:
         exact_all, fast_all = logits_of(case, inputs, "exact"), logits_of(case, inputs, "fast")
         exact_of = {r: exact_all[r] for r in rows}
         fast_of = {r: fast_all[r] for r in rows}
-    per_row: list[dict[str, Any]] = []
+    per_row: list[dict[str, Any]] = []  # the JSON's rows
+    held: list[tuple[torch.Tensor, dict[str, torch.Tensor], int]] = []  # (fast, bounds, k) a row
     for r in rows:
         n = lengths[r]
+        k = min(case.topk, n)
         e, f = exact_of[r][:n].double(), fast_of[r][:n].double()
         a, step = (b.double() for b in bounds(inputs, r, 0 if case.prefill else r, n))
-        kth = torch.topk(e, min(case.topk, n)).values[-1].item()
+        kth = torch.topk(e, k).values[-1].item()
         row: dict[str, Any] = {"row": r, "n": n, "kth_exact": kth, "median_a": a.median().item()}
         if not model:  # the model's "fast" logits are the reference: no error to measure
             err = (f - e).abs()
             row["max_err_over_a"] = (err / a.clamp_min(1e-30)).max().item()
             row["max_err_over_step"] = (err / step.clamp_min(1e-30)).max().item()
             row["max_err_over_kth"] = err.max().item() / max(abs(kth), 1e-30)
-        per_row.append({**row, "tensors": {"f": f, "a": a, "step": step}})
+        per_row.append(row)
+        held.append((f, {"a": a, "step": step}, k))
     margins = list(MODEL_MARGINS)
     if not model:
         seen = max(p["max_err_over_a"] for p in per_row)
         margins = [(f"{m}x", "a", m * seen) for m in MULTIPLES] + margins
-    kept = {}
-    for name, bound, rho in margins:
-        counts = []
-        for p in per_row:
-            t = p["tensors"]
-            counts.append(int(kept_mask(t["f"], rho * t[bound], min(case.topk, p["n"])).sum()))
-        kept[name] = summary(counts, rho)
-    for p in per_row:
-        del p["tensors"]
+    kept = {
+        name: summary([int(kept_mask(f, rho * b[bound], k).sum()) for f, b, k in held], rho)
+        for name, bound, rho in margins
+    }
     out: dict[str, Any] = {"case": case.name, "rows_sampled": len(rows), "topk": case.topk}
     if not model:
         for key in ("max_err_over_a", "max_err_over_step", "max_err_over_kth"):
