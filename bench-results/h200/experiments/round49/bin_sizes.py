@@ -3,6 +3,7 @@ selections' first digit) on rows drawn like `b12x bench indexer`'s inputs
 (b12x.bench.indexer.make_inputs: q, k ~ 2 N(0,1) in FP8, weights N(0,1/heads),
 scales U(0.05, 1.05)), on the CPU. Prints, per (row length, K), four rows'
 (candidates in the bin, keys above it). Run: .venv/bin/python THIS_FILE"""
+
 import numpy as np
 import torch
 
