@@ -94,14 +94,16 @@ __device__ __forceinline__ float idx_not_candidate() { return __uint_as_float(ID
 // Live tokens of query row r: min(len, active_width, width * 64), >= 0.
 // Every kernel clips by the same rule, so a too-small active_width can drop
 // tokens but never exposes stale logits.
-__device__ __forceinline__ u32 idx_live_tokens(const i32* lengths, const i32* active_width,
-                                               u32 r, u32 width) {
-    i32 len = lengths[r];
-    i32 aw = active_width[0];
+// (idx_live_of: the same from the two values already loaded.)
+__device__ __forceinline__ u32 idx_live_of(i32 len, i32 aw, u32 width) {
     i64 cap = (i64)width * IDX_PAGE_ROWS;
     i64 live = len < aw ? len : aw;
     if (live > cap) live = cap;
     return live > 0 ? (u32)live : 0u;
+}
+__device__ __forceinline__ u32 idx_live_tokens(const i32* lengths, const i32* active_width,
+                                               u32 r, u32 width) {
+    return idx_live_of(lengths[r], active_width[0], width);
 }
 
 // D = A * B + C, m16n8k32, e4m3 inputs, f32 accumulate (sm_89+).

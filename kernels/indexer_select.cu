@@ -48,7 +48,11 @@ struct SelectParams {
     u32 topk;
     u32 physical;
     u32 pages;  // pages of the K cache, min(shape[0], 2^31)
-    u32 pad_;
+    // 1 when this kernel's primary is the call's own scorer or clearing
+    // kernel: launched without the programmatic attribute, it started after
+    // every earlier write of the stream, so `lengths` and `active_width` are
+    // final before pdl_wait (read there, their load overlaps the wait).
+    u32 lengths_settled;
     u32* state;  // the grid selection's cross-CTA state, SG_STATE_WORDS per row (zeroed by the scorer)
     u64* cand;   // the grid selection's candidates, SG_CAND_CAP per row (never read before written)
 };
@@ -70,6 +74,27 @@ __device__ __forceinline__ bool sel_key_is_exact(u32 k) { return k != 1u && k !=
 __device__ __forceinline__ float sel_value(u32 k) {
     return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
+
+// A row's live tokens (idx_live_tokens) in two steps around pdl_wait: its
+// two words loaded first where p.lengths_settled says that is safe (the wait
+// and whatever runs before it then hide the load), else after the wait.
+struct RowLength {
+    i32 len = 0, aw = 0;
+    __device__ __forceinline__ void load(const SelectParams& p, u32 row) {
+        len = p.lengths[row];
+        aw = p.active_width[0];
+    }
+    __device__ __forceinline__ RowLength(const SelectParams& p, u32 row) {
+        if (p.lengths_settled) load(p, row);
+    }
+    // Call in place of pdl_wait: the primary's writes (the logits, the row
+    // state) are visible past it.
+    __device__ __forceinline__ u32 wait_live(const SelectParams& p, u32 row) {
+        pdl_wait();
+        if (!p.lengths_settled) load(p, row);
+        return idx_live_of(len, aw, p.width);
+    }
+};
 
 // A candidate of a key gathered for a last selection step (pick_candidates):
 // (key << 32 | ~position) is unique per row, and the larger the better (a
@@ -387,12 +412,13 @@ __device__ __forceinline__ void select_cluster(const SelectParams& p) {
     const u32 rank = cluster_rank(), ranks = cluster_size();
     const u32 row = blockIdx.y;
     const u32 K = p.topk;
-    pdl_wait();  // launched as the scorer's dependent: its logits are complete past here
-    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
-    const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
-    const u32* key = t.key;
+    RowLength length(p, row);
+    // Own shared memory, cleared while the scorer drains.
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[0][b] = hist[1][b] = 0u;
     if (tid == 0) slots_taken = 0u, gathered = 0u;
+    const u32 n = length.wait_live(p, row);  // the scorer's logits are complete past here
+    const ThreadKeys<PER> t(p, row, (rank * SEL_THREADS + tid) * PER, n);
+    const u32* key = t.key;
     const u32 counter = dsmem(&slots_taken, 0);
     // Output slots from the counter in rank 0's shared memory.
     auto slots = [&](u32 c) { return dsmem_add(counter, c); };
@@ -581,9 +607,10 @@ __device__ __forceinline__ void select_grid(const SelectParams& p) {
     const u32 part = blockIdx.x, parts = gridDim.x, row = blockIdx.y;
     const u32 K = p.topk;
     u32* st = p.state + (u64)row * SG_STATE_WORDS;
+    RowLength length(p, row);
     for (u32 b = tid; b < SEL_BINS; b += SEL_THREADS) hist[b] = 0u;
-    pdl_wait();  // the scorer's logits and its zeroing of `st` are complete past here
-    const u32 n = idx_live_tokens(p.lengths, p.active_width, row, p.width);
+    // The scorer's logits and its zeroing of `st` are complete past here.
+    const u32 n = length.wait_live(p, row);
     const ThreadKeys<PER> t(p, row, (part * SEL_THREADS + tid) * PER, n);
     const u32* key = t.key;
     auto slots = [&](u32 c) { return atomicAdd(&st[SG_SLOTS], c); };  // the row's output slots

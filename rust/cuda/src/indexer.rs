@@ -177,7 +177,10 @@ struct SelectParams {
     topk: u32,
     physical: u32,
     pages: u32,
-    pad: u32,
+    /// 1 when the selection's programmatic primary is this call's own scorer
+    /// or clearing kernel (both launched without the attribute): the kernel
+    /// then loads the lengths before its `griddepcontrol.wait`.
+    lengths_settled: u32,
     /// The grid selection's row state and candidates (unused by the cluster
     /// selection).
     state: u64,
@@ -1023,6 +1026,11 @@ pub unsafe fn launch_indexer(
             continue;
         }
         if recipe.cluster_select || grid_select.is_some() {
+            // Whether one of this call's kernels comes right before the
+            // selection; a caller's kernel there may let it start before the
+            // lengths are written.
+            let lengths_settled = recipe.stages.scores() || (grid_select.is_some() && recipe.zero_kernel);
+            debug_assert!(!score_config.dependent);
             let mut sp = SelectParams {
                 logits: tp.logits,
                 lengths: a.lengths,
@@ -1037,7 +1045,7 @@ pub unsafe fn launch_indexer(
                 topk: a.topk,
                 physical: recipe.physical as u32,
                 pages,
-                pad: 0,
+                lengths_settled: lengths_settled as u32,
                 state,
                 cand: b.region_address(RegionId::SelectCandidates),
             };
