@@ -1029,7 +1029,8 @@ pub unsafe fn launch_indexer(
             // Whether one of this call's kernels comes right before the
             // selection; a caller's kernel there may let it start before the
             // lengths are written.
-            let lengths_settled = recipe.stages.scores() || (grid_select.is_some() && recipe.zero_kernel);
+            let lengths_settled =
+                recipe.stages.scores() || (grid_select.is_some() && recipe.zero_kernel);
             debug_assert!(!score_config.dependent);
             let mut sp = SelectParams {
                 logits: tp.logits,
