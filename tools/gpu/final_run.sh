@@ -10,6 +10,8 @@
 #   cli    carry part-00.xz and part-01.xz: the CLI GPU tests
 #   stock  carry part-02.xz: the bench with vLLM's own top-k live too (the
 #          run bench-results/<gpu>/indexer.json keeps), then tools/gpu/vllm_real.sh
+# WHEEL `-`: keep the b12x an earlier step installed (the machine is still warm),
+# so the cli and stock steps need not carry the wheel beside their parts.
 # CARD (default H200): a step on a GPU whose name lacks it measures nothing and
 # exits 0 saying so; CARD= runs on any. Logs and JSON go to $RESULTS (default
 # gpu-results/); with $OUT set, the step's indexer.json and a tarball go there.
@@ -29,6 +31,7 @@ if [[ "$NAME" != *"${CARD-H200}"* ]]; then
   echo "final_run.sh: not a ${CARD-H200}: nothing measured"
   exit 0
 fi
+[ "$WHEEL" = - ] && WHEEL=""
 source "$(dirname "$0")/common.sh" "$WHEEL"
 case "$STEP" in
   bench | stock)
