@@ -788,6 +788,40 @@ impl LaunchRecipe {
     }
 }
 
+/// What a call enqueues right before its one-chunk selection, which is
+/// launched as that node's programmatic dependent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SelectPrimary {
+    /// The call's own scorer (which also clears the grid selection's state).
+    Scorer,
+    /// A top-k-only grid selection's clearing kernel (Hopper).
+    ZeroKernel,
+    /// A top-k-only grid selection's state cleared by a memset node.
+    Memset,
+    /// A top-k-only cluster selection: the caller's last node.
+    Caller,
+}
+
+impl SelectPrimary {
+    fn of(scores: bool, grid_select: bool, zero_kernel: bool) -> Self {
+        match (scores, grid_select, zero_kernel) {
+            (true, ..) => Self::Scorer,
+            (false, true, true) => Self::ZeroKernel,
+            (false, true, false) => Self::Memset,
+            (false, false, _) => Self::Caller,
+        }
+    }
+
+    /// Whether the selection may read `lengths` and `active_width` before its
+    /// `griddepcontrol.wait`: only after the call's own kernels, which are
+    /// launched without the programmatic attribute and so start after every
+    /// earlier write of the stream. A caller's kernel may let the selection
+    /// start before it writes them; a memset node is left on the safe side.
+    fn lengths_settled(self) -> bool {
+        matches!(self, Self::Scorer | Self::ZeroKernel)
+    }
+}
+
 /// A selection kernel's launch: `grid`, clusters of `cluster` CTAs along x,
 /// `shared_bytes` of dynamic shared memory, as the scorer's programmatic
 /// dependent.
@@ -1026,11 +1060,11 @@ pub unsafe fn launch_indexer(
             continue;
         }
         if recipe.cluster_select || grid_select.is_some() {
-            // Whether one of this call's kernels comes right before the
-            // selection; a caller's kernel there may let it start before the
-            // lengths are written.
-            let lengths_settled =
-                recipe.stages.scores() || (grid_select.is_some() && recipe.zero_kernel);
+            let primary = SelectPrimary::of(
+                recipe.stages.scores(),
+                grid_select.is_some(),
+                recipe.zero_kernel,
+            );
             debug_assert!(!score_config.dependent);
             let mut sp = SelectParams {
                 logits: tp.logits,
@@ -1046,7 +1080,7 @@ pub unsafe fn launch_indexer(
                 topk: a.topk,
                 physical: recipe.physical as u32,
                 pages,
-                lengths_settled: lengths_settled as u32,
+                lengths_settled: primary.lengths_settled() as u32,
                 state,
                 cand: b.region_address(RegionId::SelectCandidates),
             };
@@ -1054,14 +1088,20 @@ pub unsafe fn launch_indexer(
             // start; the selection waits for its logits in griddepcontrol.wait).
             let (kernel, cfg) = match grid_select {
                 Some((parts, per)) => {
-                    if !recipe.stages.scores() && recipe.zero_kernel {
+                    match primary {
                         // The clearing kernel, the selection its programmatic
                         // dependent (it reads the state past its pdl_wait).
                         // SAFETY: `score` holds the binding's row state, `zero_words` words.
-                        unsafe { launch_zero_state(a.device, &mut score, recipe, stream)? };
-                    } else if !recipe.stages.scores() {
+                        SelectPrimary::ZeroKernel => unsafe {
+                            launch_zero_state(a.device, &mut score, recipe, stream)?
+                        },
                         // SAFETY: the row state is the binding's scratch, `zero_words` words.
-                        unsafe { memset_u32(a.device, state, zero_words, stream)? };
+                        SelectPrimary::Memset => unsafe {
+                            memset_u32(a.device, state, zero_words, stream)?
+                        },
+                        // The scorer cleared it (`Caller` is the cluster
+                        // selection's, never a grid selection's).
+                        SelectPrimary::Scorer | SelectPrimary::Caller => {}
                     }
                     let cfg = select_config((parts, a.rows, 1), 1, GRID_SELECT_SHARED_BYTES);
                     (grid_select_kernel(per), cfg)
@@ -1228,6 +1268,22 @@ mod tests {
         assert_eq!(kernels, want);
         // the entry points the PTX exports (checked in ptx.rs): gselect_p{2,4,8,16}
         assert_eq!(IndexerGridSelectP8.symbol(), "b12x_indexer_gselect_p8");
+    }
+
+    #[test]
+    fn selection_reads_lengths_early_only_after_its_own_kernels() {
+        use SelectPrimary::*;
+        for grid in [false, true] {
+            for zero in [false, true] {
+                assert_eq!(SelectPrimary::of(true, grid, zero), Scorer);
+            }
+        }
+        assert_eq!(SelectPrimary::of(false, true, true), ZeroKernel);
+        assert_eq!(SelectPrimary::of(false, true, false), Memset);
+        assert_eq!(SelectPrimary::of(false, false, true), Caller);
+        assert_eq!(SelectPrimary::of(false, false, false), Caller);
+        let settled = [Scorer, ZeroKernel, Memset, Caller].map(SelectPrimary::lengths_settled);
+        assert_eq!(settled, [true, true, false, false]);
     }
 
     #[test]
